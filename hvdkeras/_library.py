@@ -1,0 +1,68 @@
+"""Loads the compiled op library (building it first when needed).
+
+The same shared object serves TensorFlow (its op kernels, through
+`tf.load_op_library`) and Python (the engine's C entry points, through
+ctypes); both handles refer to one loaded copy, so they share the engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+_lock = threading.Lock()
+_ops_module: Any = None
+_cdll: Optional[ctypes.CDLL] = None
+_path: Optional[Path] = None
+
+
+def _bind_c_api(lib: ctypes.CDLL) -> None:
+    lib.hvdkeras_engine_start.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int64,
+        ctypes.c_double,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+    ]
+    lib.hvdkeras_engine_start.restype = ctypes.c_int
+    lib.hvdkeras_engine_stop.argtypes = []
+    lib.hvdkeras_engine_stop.restype = None
+    lib.hvdkeras_engine_running.argtypes = []
+    lib.hvdkeras_engine_running.restype = ctypes.c_int
+    lib.hvdkeras_build_flavor.argtypes = []
+    lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
+
+
+def load() -> tuple[Any, ctypes.CDLL]:
+    """Returns (TensorFlow op module, ctypes handle), building on first use."""
+    global _ops_module, _cdll, _path
+    with _lock:
+        if _ops_module is None:
+            import tensorflow as tf
+
+            from hvdkeras import _build
+
+            path = _build.ensure_built()
+            _ops_module = tf.load_op_library(str(path))
+            _cdll = ctypes.CDLL(str(path))
+            _bind_c_api(_cdll)
+            _path = path
+        return _ops_module, _cdll
+
+
+def ops() -> Any:
+    """The TensorFlow op module (generated Python wrappers of the kernels)."""
+    return load()[0]
+
+
+def c_api() -> ctypes.CDLL:
+    """The engine's C entry points."""
+    return load()[1]
+
+
+def library_path() -> Optional[Path]:
+    """Path of the loaded library, or None when not loaded yet."""
+    return _path

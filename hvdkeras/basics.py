@@ -1,0 +1,193 @@
+"""Process-level state: init/shutdown and the world's ranks and sizes."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import dataclasses
+from typing import Any, Optional
+
+from hvdkeras import _library
+from hvdkeras.config import EngineConfig, engine_config_from_env
+
+_THREAD_LEVEL_NAMES = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
+                       2: "MPI_THREAD_SERIALIZED", 3: "MPI_THREAD_MULTIPLE"}
+
+
+@dataclasses.dataclass
+class _World:
+    comm: Any  # the engine's private duplicate of the user's communicator
+    local_comm: Any
+    cross_comm: Any
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    thread_level: int
+    config: EngineConfig
+
+
+_world: Optional[_World] = None
+_atexit_registered = False
+
+
+def _not_initialized() -> ValueError:
+    return ValueError(
+        "hvdkeras has not been initialized (or has been shut down): call hvdkeras.init() first."
+    )
+
+
+def _require() -> _World:
+    if _world is None:
+        raise _not_initialized()
+    return _world
+
+
+def init(comm: Any = None) -> None:
+    """Starts hvdkeras on this process. Call it once, on every rank, first.
+
+    Builds the op library if this TensorFlow/MPI combination has none yet,
+    duplicates the communicator for the engine's private use, and starts the
+    background engine. A second call while running does nothing. A script run
+    without `mpiexec` is a world of size 1.
+
+    Args:
+        comm: An `mpi4py.MPI.Intracomm` to run on (default `COMM_WORLD`). The
+            engine works on a duplicate, so the caller may keep using it.
+
+    Raises:
+        ValueError: if an `HVDKERAS_*` knob has a bad value.
+        RuntimeError: if MPI gives too low a thread level or the engine fails
+            to start.
+
+    Example:
+
+    ```python
+    import hvdkeras as hvd
+    hvd.init()
+    print(f"rank {hvd.rank()} of {hvd.size()}")
+    ```
+    """
+    global _world, _atexit_registered
+    if _world is not None:
+        return
+    config = engine_config_from_env()
+    from mpi4py import MPI
+
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(
+            f"hvdkeras.init(comm=...) needs an mpi4py.MPI.Intracomm, got {type(comm).__name__}."
+        )
+    thread_level = MPI.Query_thread()
+    if thread_level < MPI.THREAD_SERIALIZED:
+        raise RuntimeError(
+            f"MPI was initialized with {_THREAD_LEVEL_NAMES.get(thread_level, thread_level)}, "
+            "but hvdkeras runs MPI on a background thread and needs at least "
+            "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE to use mpi4py alongside it). "
+            "Do not lower mpi4py.rc.thread_level."
+        )
+    _, lib = _library.load()
+    engine_comm = comm.Dup()
+    local_comm = engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.Get_rank())
+    cross_comm = engine_comm.Split(color=local_comm.Get_rank(), key=engine_comm.Get_rank())
+    local_sizes = engine_comm.allgather(local_comm.Get_size())
+    error = ctypes.create_string_buffer(1024)
+    rc = lib.hvdkeras_engine_start(
+        engine_comm.py2f(), config.fusion_threshold, config.cycle_time_ms,
+        config.cache_capacity, error, len(error),
+    )
+    if rc != 0:
+        for c in (cross_comm, local_comm, engine_comm):
+            c.Free()
+        raise RuntimeError(f"hvdkeras engine failed to start: {error.value.decode()}")
+    _world = _World(
+        comm=engine_comm, local_comm=local_comm, cross_comm=cross_comm,
+        rank=engine_comm.Get_rank(), size=engine_comm.Get_size(),
+        local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
+        cross_rank=cross_comm.Get_rank(), cross_size=cross_comm.Get_size(),
+        homogeneous=len(set(local_sizes)) == 1, thread_level=thread_level, config=config,
+    )
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stops the engine on every rank. Ops still in flight fail.
+
+    Any rank may call it; the others stop at their next negotiation cycle,
+    and their later ops fail with a message saying hvdkeras was shut down.
+    Registered to run at interpreter exit. Calling it when not initialized
+    does nothing.
+
+    Example:
+
+    ```python
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    ```
+    """
+    global _world
+    if _world is None:
+        return
+    world, _world = _world, None
+    _library.c_api().hvdkeras_engine_stop()
+    for c in (world.cross_comm, world.local_comm, world.comm):
+        c.Free()
+
+
+def is_initialized() -> bool:
+    """Whether `init()` has run and `shutdown()` has not."""
+    return _world is not None
+
+
+def size() -> int:
+    """Number of processes (ranks) in the job."""
+    return _require().size
+
+
+def rank() -> int:
+    """This process's rank, 0 to `size() - 1`."""
+    return _require().rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return _require().local_size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its host (use it to pick a GPU)."""
+    return _require().local_rank
+
+
+def cross_size() -> int:
+    """Number of hosts that have a rank with this process's local rank."""
+    return _require().cross_size
+
+
+def cross_rank() -> int:
+    """This process's index among the ranks sharing its local rank across hosts."""
+    return _require().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    return _require().homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (mpi4py may be used alongside)."""
+    from mpi4py import MPI
+
+    return _require().thread_level >= MPI.THREAD_MULTIPLE
+
+
+def engine_config() -> EngineConfig:
+    """The knobs the running engine was started with."""
+    return _require().config

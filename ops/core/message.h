@@ -1,0 +1,46 @@
+// Requests (what a rank wants to run) and responses (what the coordinator
+// decided), with a compact binary encoding for the negotiation messages.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+
+namespace hvdkeras {
+
+// One named collective as submitted by one rank. A grouped op is a single
+// request holding several tensors; its tensors always execute together.
+struct Request {
+  std::string name;
+  int32_t rank = 0;
+  OpType op_type = OpType::kAllreduce;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root_rank = 0;
+  std::vector<DataType> dtypes;  // one per tensor
+  std::vector<Shape> shapes;     // one per tensor
+
+  int64_t TotalBytes() const;
+  // True when everything except the sending rank matches: the test the
+  // response cache uses to decide whether a request repeats a known one.
+  bool SameSignature(const Request& other) const;
+};
+
+struct Response {
+  enum class Kind : int32_t { kOk = 0, kError = 1 };
+  Kind kind = Kind::kOk;
+  std::string name;
+  std::string error;  // set when kind == kError; identical on every rank
+};
+
+std::string EncodeRequests(const std::vector<Request>& requests);
+// Returns false if the bytes are malformed.
+bool DecodeRequests(const char* data, size_t size, std::vector<Request>* out);
+
+std::string EncodeResponses(const std::vector<Response>& responses);
+bool DecodeResponses(const char* data, size_t size, std::vector<Response>* out);
+
+}  // namespace hvdkeras

@@ -1,0 +1,144 @@
+#include "core/mpi_context.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/half.h"
+
+namespace hvdkeras {
+
+namespace {
+
+// MPI counts are ints: large buffers are reduced in chunks of this many
+// elements.
+constexpr int64_t kMaxChunkElements = int64_t{1} << 28;
+
+using Convert = float (*)(uint16_t);
+using ConvertBack = uint16_t (*)(float);
+
+template <Convert kLoad, ConvertBack kStore, typename Combine>
+void Reduce16(void* in, void* inout, int* len, Combine combine) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = kStore(combine(kLoad(a[i]), kLoad(b[i])));
+}
+
+struct SumF { float operator()(float x, float y) const { return x + y; } };
+struct MinF { float operator()(float x, float y) const { return std::min(x, y); } };
+struct MaxF { float operator()(float x, float y) const { return std::max(x, y); } };
+struct ProdF { float operator()(float x, float y) const { return x * y; } };
+
+#define HVDKERAS_DEFINE_REDUCE16(NAME, LOAD, STORE, COMBINE)          \
+  void NAME(void* in, void* inout, int* len, MPI_Datatype*) {        \
+    Reduce16<LOAD, STORE>(in, inout, len, COMBINE());                \
+  }
+
+HVDKERAS_DEFINE_REDUCE16(HalfSum, HalfToFloat, FloatToHalf, SumF)
+HVDKERAS_DEFINE_REDUCE16(HalfMin, HalfToFloat, FloatToHalf, MinF)
+HVDKERAS_DEFINE_REDUCE16(HalfMax, HalfToFloat, FloatToHalf, MaxF)
+HVDKERAS_DEFINE_REDUCE16(HalfProd, HalfToFloat, FloatToHalf, ProdF)
+HVDKERAS_DEFINE_REDUCE16(BFloatSum, BFloat16ToFloat, FloatToBFloat16, SumF)
+HVDKERAS_DEFINE_REDUCE16(BFloatMin, BFloat16ToFloat, FloatToBFloat16, MinF)
+HVDKERAS_DEFINE_REDUCE16(BFloatMax, BFloat16ToFloat, FloatToBFloat16, MaxF)
+HVDKERAS_DEFINE_REDUCE16(BFloatProd, BFloat16ToFloat, FloatToBFloat16, ProdF)
+#undef HVDKERAS_DEFINE_REDUCE16
+
+int OpIndex(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return 1;
+    case ReduceOp::kMax: return 2;
+    case ReduceOp::kProduct: return 3;
+    default: return 0;  // Sum and Average both sum
+  }
+}
+
+Status MpiError(const char* call, int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return Status::Error(StatusCode::kUnknown,
+                       std::string(call) + " failed: " + std::string(text, len));
+}
+
+}  // namespace
+
+Status MpiContext::Open(MPI_Comm comm) {
+  comm_ = comm;
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  // Errors come back as codes so a failed call fails the op, not the process.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_User_function* fns[2][4] = {{HalfSum, HalfMin, HalfMax, HalfProd},
+                                  {BFloatSum, BFloatMin, BFloatMax, BFloatProd}};
+  for (int t = 0; t < 2; ++t) {
+    for (int o = 0; o < 4; ++o) MPI_Op_create(fns[t][o], 1, &half_ops_[t][o]);
+  }
+  ops_created_ = true;
+  return Status::OK();
+}
+
+void MpiContext::Close() {
+  if (ops_created_) {
+    for (auto& row : half_ops_) {
+      for (MPI_Op& op : row) MPI_Op_free(&op);
+    }
+    ops_created_ = false;
+  }
+  comm_ = MPI_COMM_NULL;
+}
+
+MPI_Datatype MpiContext::MpiType(DataType dtype) const {
+  switch (dtype) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat16: return MPI_UINT16_T;
+    case DataType::kBFloat16: return MPI_UINT16_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kBool: return MPI_UINT8_T;
+    case DataType::kUInt16: return MPI_UINT16_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kUInt32: return MPI_UINT32_T;
+    case DataType::kUInt64: return MPI_UINT64_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op MpiContext::MpiOp(DataType dtype, ReduceOp op) const {
+  if (dtype == DataType::kFloat16) return half_ops_[0][OpIndex(op)];
+  if (dtype == DataType::kBFloat16) return half_ops_[1][OpIndex(op)];
+  switch (op) {
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+    default: return MPI_SUM;
+  }
+}
+
+Status MpiContext::Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
+                             ReduceOp op) const {
+  const MPI_Datatype type = MpiType(dtype);
+  const MPI_Op mpi_op = MpiOp(dtype, op);
+  const size_t element = DataTypeSize(dtype);
+  for (int64_t offset = 0; offset < count; offset += kMaxChunkElements) {
+    const int n = static_cast<int>(std::min(kMaxChunkElements, count - offset));
+    char* out = static_cast<char*>(recvbuf) + offset * element;
+    const void* in = sendbuf ? static_cast<const char*>(sendbuf) + offset * element : MPI_IN_PLACE;
+    int rc = MPI_Allreduce(in, out, n, type, mpi_op, comm_);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc);
+  }
+  return Status::OK();
+}
+
+Status MpiContext::Broadcast(void* buffer, int64_t bytes, int root) const {
+  for (int64_t offset = 0; offset < bytes; offset += kMaxChunkElements) {
+    const int n = static_cast<int>(std::min(kMaxChunkElements, bytes - offset));
+    int rc = MPI_Bcast(static_cast<char*>(buffer) + offset, n, MPI_BYTE, root, comm_);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Bcast", rc);
+  }
+  return Status::OK();
+}
+
+}  // namespace hvdkeras

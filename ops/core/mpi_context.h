@@ -1,0 +1,42 @@
+// The MPI side of the engine: the communicator handed over from Python, the
+// datatype and reduction mapping (with user-defined reductions for float16
+// and bfloat16, which MPI lacks), and chunked collective calls.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+
+#include "core/common.h"
+
+namespace hvdkeras {
+
+class MpiContext {
+ public:
+  // Takes a communicator owned by the caller (Python duplicates it and frees
+  // it after the engine stops). Creates the float16/bfloat16 reductions.
+  Status Open(MPI_Comm comm);
+  void Close();
+
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Reduces `count` elements. sendbuf == nullptr means in place on recvbuf.
+  Status Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
+                   ReduceOp op) const;
+  Status Broadcast(void* buffer, int64_t bytes, int root) const;
+
+ private:
+  MPI_Datatype MpiType(DataType dtype) const;
+  MPI_Op MpiOp(DataType dtype, ReduceOp op) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  // [0] float16, [1] bfloat16; each: sum, min, max, product.
+  MPI_Op half_ops_[2][4] = {};
+  bool ops_created_ = false;
+};
+
+}  // namespace hvdkeras

@@ -1,0 +1,58 @@
+#include "core/response_cache.h"
+
+#include <algorithm>
+#include <functional>
+
+namespace hvdkeras {
+
+int ResponseCache::Lookup(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+void ResponseCache::Put(const Request& signature) {
+  if (capacity_ == 0) return;
+  int slot = Lookup(signature.name);
+  if (slot >= 0) {
+    slots_[slot].signature = signature;
+    Touch(slot);
+    return;
+  }
+  if (by_name_.size() >= capacity_) Erase(lru_.back());
+  slot = AllocateSlot();
+  Slot& s = slots_[slot];
+  s.used = true;
+  s.signature = signature;
+  lru_.push_front(slot);
+  s.lru_position = lru_.begin();
+  by_name_[signature.name] = slot;
+}
+
+void ResponseCache::Touch(int slot) {
+  Slot& s = slots_[slot];
+  lru_.splice(lru_.begin(), lru_, s.lru_position);
+  s.lru_position = lru_.begin();
+}
+
+void ResponseCache::Erase(int slot) {
+  Slot& s = slots_[slot];
+  if (!s.used) return;
+  by_name_.erase(s.signature.name);
+  lru_.erase(s.lru_position);
+  s.used = false;
+  s.signature = Request();
+  free_slots_.push_back(slot);
+  std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
+}
+
+int ResponseCache::AllocateSlot() {
+  if (!free_slots_.empty()) {
+    int slot = free_slots_.back();
+    free_slots_.pop_back();
+    return slot;
+  }
+  slots_.emplace_back();
+  return static_cast<int>(slots_.size()) - 1;
+}
+
+}  // namespace hvdkeras

@@ -1,0 +1,52 @@
+// The response cache behind the fast negotiation path. Every rank holds an
+// identical cache because it changes only as a function of what all ranks
+// executed, in the same order. A request that repeats a cached signature is
+// announced with one bit (its slot) instead of being sent to the coordinator.
+#pragma once
+
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/message.h"
+
+namespace hvdkeras {
+
+class ResponseCache {
+ public:
+  explicit ResponseCache(size_t capacity = 1024) : capacity_(capacity) {}
+
+  size_t capacity() const { return capacity_; }
+  // Number of slots in use or freed (an upper bound on slot indices + 1).
+  size_t num_slots() const { return slots_.size(); }
+
+  // Slot of the cached entry with this name, or -1.
+  int Lookup(const std::string& name) const;
+  const Request& Signature(int slot) const { return slots_[slot].signature; }
+
+  // Inserts a freshly executed request (or refreshes its entry), evicting the
+  // least recently used entry when full. No-op when the capacity is 0.
+  void Put(const Request& signature);
+  // Marks a cached entry as just used.
+  void Touch(int slot);
+  // Removes an entry (it was invalidated by some rank).
+  void Erase(int slot);
+
+ private:
+  struct Slot {
+    bool used = false;
+    Request signature;
+    std::list<int>::iterator lru_position;
+  };
+
+  int AllocateSlot();
+
+  size_t capacity_;
+  std::vector<Slot> slots_;
+  std::vector<int> free_slots_;  // kept sorted descending: smallest at back
+  std::list<int> lru_;           // front = most recently used
+  std::unordered_map<std::string, int> by_name_;
+};
+
+}  // namespace hvdkeras

@@ -1,0 +1,21 @@
+// Element-wise copies with scaling, used around the reduction: the prescale
+// on the way in, and the averaging divisor and postscale on the way out.
+#pragma once
+
+#include <cstdint>
+
+#include "core/common.h"
+
+namespace hvdkeras {
+
+// dst[i] = src[i] * factor. A factor of exactly 1 is a plain copy. src and
+// dst may be the same buffer.
+void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double factor);
+
+// dst[i] = src[i] / divisor * factor: the output stage of an allreduce
+// (divisor = world size for Average, else 1). With factor 1 integer types use
+// integer division, which rounds toward zero. src and dst may alias.
+void FinalizeCopy(DataType dtype, const void* src, void* dst, int64_t count, int divisor,
+                  double factor);
+
+}  // namespace hvdkeras
