@@ -1,0 +1,410 @@
+"""Tests of the op-library build layer (hvdkeras._build) and the CLI around it.
+
+Most tests need no compiler. The ones marked with ``real_build`` compile a tiny
+self-contained op tree (written below into tmp_path, independent of the real
+``ops/`` sources) and take tens of seconds each; deselect them with
+``-m "not slow"``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hvdkeras import _build, cli
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+TINY_SOURCES = {
+    "core/tiny.h": """
+        #pragma once
+        namespace tiny {
+        int mpi_initialized();
+        }
+    """,
+    "core/tiny.cc": """
+        #include <mpi.h>
+        #include "core/tiny.h"
+        namespace tiny {
+        int mpi_initialized() {
+          int flag = 0;
+          MPI_Initialized(&flag);
+          return flag;
+        }
+        }  // namespace tiny
+    """,
+    "tf/tiny_ops.cc": """
+        #include "tensorflow/core/framework/common_shape_fns.h"
+        #include "tensorflow/core/framework/op.h"
+        #include "tensorflow/core/framework/op_kernel.h"
+        #include "core/tiny.h"
+
+        using namespace tensorflow;
+
+        REGISTER_OP("HvdkerasTinyCopy")
+            .Input("x: float")
+            .Output("y: float")
+            .SetShapeFn(shape_inference::UnchangedShape);
+
+        REGISTER_OP("HvdkerasTinyMpiInitialized")
+            .Output("flag: int32")
+            .SetShapeFn(shape_inference::ScalarShape);
+
+        class TinyCopyOp : public OpKernel {
+         public:
+          explicit TinyCopyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+          void Compute(OpKernelContext* ctx) override { ctx->set_output(0, ctx->input(0)); }
+        };
+
+        class TinyMpiInitializedOp : public OpKernel {
+         public:
+          explicit TinyMpiInitializedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+          void Compute(OpKernelContext* ctx) override {
+            Tensor* out = nullptr;
+            OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+            out->scalar<int32>()() = tiny::mpi_initialized();
+          }
+        };
+
+        REGISTER_KERNEL_BUILDER(Name("HvdkerasTinyCopy").Device(DEVICE_CPU), TinyCopyOp);
+        REGISTER_KERNEL_BUILDER(Name("HvdkerasTinyMpiInitialized").Device(DEVICE_CPU),
+                                TinyMpiInitializedOp);
+    """,
+    "tests/tiny_test.cc": """
+        int main() { return 0; }
+    """,
+}
+
+
+def _has_compiler() -> bool:
+    return shutil.which(os.environ.get("CXX") or "g++") is not None
+
+
+def real_build(test):
+    """Mark a test that really compiles: slow, generous timeout, skipped without g++."""
+    test = pytest.mark.timeout(600)(test)
+    test = pytest.mark.skipif(not _has_compiler(), reason="no C++ compiler")(test)
+    return pytest.mark.slow(test)
+
+
+def write_tiny_tree(root: Path) -> Path:
+    """Write the tiny op source tree under ``root`` and return it."""
+    for relative, text in TINY_SOURCES.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    return root
+
+
+def fake_inputs() -> dict:
+    """Build inputs as ``build_inputs`` would return them, without importing anything."""
+    return {
+        "tf_version": "2.21.0",
+        "tf_compile_flags": [
+            "-I/env/site-packages/tensorflow/include",
+            "-D_GLIBCXX_USE_CXX11_ABI=1",
+            "--std=c++17",
+            "-DEIGEN_MAX_ALIGN_BYTES=64",
+        ],
+        "tf_link_flags": ["-L/env/site-packages/tensorflow", "-l:libtensorflow_framework.so.2"],
+        "compiler": "/usr/bin/g++",
+        "compiler_version": "g++ (Debian 12.2.0-14) 12.2.0",
+        "mpi_library": "/env/lib/libmpi.so.12",
+        "mpi_version": "MPICH Version:      5.0.2",
+        "mpi_include": "/env/include",
+        "python": "cpython-311",
+        "source_hash": "0" * 64,
+        "with_cuda": False,
+    }
+
+
+@pytest.fixture
+def tiny_tree(tmp_path: Path) -> Path:
+    return write_tiny_tree(tmp_path / "src")
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("HVDKERAS_CACHE_DIR", str(directory))
+    return directory
+
+
+# --------------------------------------------------------------------------
+# cache key and source hash
+# --------------------------------------------------------------------------
+
+
+def test_cache_key_is_stable_and_order_independent():
+    inputs = fake_inputs()
+    reordered = dict(reversed(list(inputs.items())))
+    assert _build.cache_key(inputs) == _build.cache_key(reordered)
+    assert _build.cache_key(inputs).startswith("tf2.21.0-")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tf_version", "2.20.0"),
+        ("tf_compile_flags", ["-I/env/site-packages/tensorflow/include", "-D_GLIBCXX_USE_CXX11_ABI=0"]),
+        ("tf_link_flags", ["-L/other/tensorflow", "-l:libtensorflow_framework.so.2"]),
+        ("mpi_library", "/usr/lib/x86_64-linux-gnu/libmpi.so.40"),
+        ("mpi_version", "MPICH Version:      4.2.0"),
+        ("compiler", "/usr/bin/clang++"),
+        ("compiler_version", "g++ 13.1.0"),
+        ("source_hash", "1" * 64),
+        ("with_cuda", True),
+    ],
+)
+def test_cache_key_changes_with_every_input(field, value):
+    changed = {**fake_inputs(), field: value}
+    assert _build.cache_key(changed) != _build.cache_key(fake_inputs())
+
+
+def test_source_hash_tracks_content_and_names_but_not_tests(tiny_tree: Path):
+    original = _build.source_hash(tiny_tree)
+    assert original == _build.source_hash(tiny_tree)
+
+    (tiny_tree / "tests" / "tiny_test.cc").write_text("int main() { return 1; }\n")
+    assert _build.source_hash(tiny_tree) == original
+
+    core = tiny_tree / "core" / "tiny.cc"
+    core.write_text(core.read_text() + "// changed\n")
+    edited = _build.source_hash(tiny_tree)
+    assert edited != original
+
+    core.rename(tiny_tree / "core" / "renamed.cc")
+    assert _build.source_hash(tiny_tree) not in (original, edited)
+
+
+def test_source_hash_of_copied_real_sources(tmp_path: Path):
+    copy = tmp_path / "ops"
+    shutil.copytree(_build.ops_source_dir(), copy)
+    original = _build.source_hash(copy)
+    assert original == _build.source_hash(_build.ops_source_dir())
+    (copy / "core" / "extra.h").write_text("#pragma once\n")
+    assert _build.source_hash(copy) != original
+
+
+def test_ops_source_dir_finds_the_sources():
+    source_dir = _build.ops_source_dir()
+    assert source_dir.is_dir()
+    assert source_dir.name in ("ops", "_ops_src")
+    assert (source_dir / "core").is_dir()
+    assert any(source_dir.joinpath("core").glob("*.h"))
+
+
+# --------------------------------------------------------------------------
+# command assembly
+# --------------------------------------------------------------------------
+
+
+def test_compile_commands_cover_core_and_tf_but_not_tests(tiny_tree: Path, tmp_path: Path):
+    objdir = tmp_path / "obj"
+    commands = _build.compile_commands(fake_inputs(), tiny_tree, objdir)
+    compiled = sorted(Path(c[c.index("-c") + 1]).relative_to(tiny_tree).as_posix() for c in commands)
+    assert compiled == ["core/tiny.cc", "tf/tiny_ops.cc"]
+    for command in commands:
+        assert command[0] == "/usr/bin/g++"
+        assert "-D_GLIBCXX_USE_CXX11_ABI=1" in command
+        assert "-I/env/include" in command
+        assert f"-I{tiny_tree}" in command
+        assert "-fPIC" in command and "-std=c++17" in command
+        assert Path(command[command.index("-o") + 1]).parent == objdir
+    objects = [c[c.index("-o") + 1] for c in commands]
+    assert len(set(objects)) == len(objects)
+
+
+def test_link_command_links_mpi_and_tensorflow(tmp_path: Path):
+    output = tmp_path / _build.LIBRARY_NAME
+    command = _build.link_command(fake_inputs(), [tmp_path / "a.o"], output)
+    assert "-shared" in command
+    assert command[command.index("-o") + 1] == str(output)
+    assert "-l:libtensorflow_framework.so.2" in command
+    assert "-L/env/lib" in command and "-l:libmpi.so.12" in command
+    assert "-Wl,-rpath,/env/lib" in command
+    assert "-Wl,-rpath,/env/site-packages/tensorflow" in command
+
+
+def test_real_build_inputs_describe_this_environment():
+    inputs = _build.build_inputs()
+    assert "-D_GLIBCXX_USE_CXX11_ABI=1" in inputs["tf_compile_flags"]
+    assert Path(inputs["mpi_library"]).is_file()
+    assert Path(inputs["mpi_library"]).name.startswith("libmpi")
+    assert (Path(inputs["mpi_include"]) / "mpi.h").is_file()
+    assert inputs["with_cuda"] is False
+    assert inputs["source_hash"] == _build.source_hash(_build.ops_source_dir())
+    info = _build.mpi_library_info()
+    assert info["vendor"] and info["version"]
+
+
+def test_system_mpi_headers_of_the_loaded_vendor_come_first():
+    open_mpi_dirs = [str(d) for d in _build._system_include_dirs("Open MPI")]
+    mpich_dirs = [str(d) for d in _build._system_include_dirs("MPICH")]
+    assert "openmpi" in open_mpi_dirs[0] and "mpich" in mpich_dirs[0]
+    assert sorted(open_mpi_dirs) == sorted(mpich_dirs) == sorted(_build.SYSTEM_MPI_INCLUDE_DIRS)
+
+
+def test_cache_root_honours_environment(cache_dir: Path):
+    assert _build.cache_root() == cache_dir
+    key = _build.cache_key(fake_inputs())
+    assert _build.library_path(key) == cache_dir / "ops" / key / "libhvdkeras_ops.so"
+
+
+# --------------------------------------------------------------------------
+# errors and CLI
+# --------------------------------------------------------------------------
+
+
+def test_missing_compiler_is_a_clear_error(tiny_tree: Path, cache_dir: Path, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-hvdkeras")
+    with pytest.raises(_build.BuildError, match="No C\\+\\+ compiler found"):
+        _build.ensure_built(source_dir=tiny_tree)
+    assert not (cache_dir / "ops").exists() or not any((cache_dir / "ops").glob("*/*.so"))
+
+
+def test_cli_build_error_exits_2(cache_dir: Path, monkeypatch, capsys):
+    monkeypatch.setenv("CXX", "no-such-compiler-hvdkeras")
+    assert cli.main(["build"]) == 2
+    assert "No C++ compiler found" in capsys.readouterr().err
+
+
+def test_cli_has_build_and_check():
+    parser = cli.build_parser()
+    assert parser.parse_args(["build", "--force", "--verbose"]).force is True
+    assert parser.parse_args(["check"]).handler is cli.COMMANDS["check"].handler
+    assert cli.thread_level_name(3) == "MPI_THREAD_MULTIPLE"
+
+
+def test_compiler_error_is_reported_and_leaves_no_library(tmp_path: Path, cache_dir: Path):
+    broken = tmp_path / "broken"
+    (broken / "core").mkdir(parents=True)
+    (broken / "core" / "bad.cc").write_text("this is not C++;\n")
+    with pytest.raises(_build.BuildError) as caught:
+        _build.ensure_built(source_dir=broken)
+    message = str(caught.value)
+    assert "bad.cc" in message and "error" in message
+    ops_dir = cache_dir / "ops"
+    assert not list(ops_dir.glob("*/*.so"))
+    assert not list(ops_dir.glob(".tmp-*"))
+    assert not _build.last_build_performed
+
+
+def test_missing_mpi_header_is_a_clear_error(tiny_tree: Path, cache_dir: Path, monkeypatch):
+    monkeypatch.setattr(_build, "_find_mpi_include", lambda *args: (None, [Path("/nowhere/include")]))
+    with pytest.raises(_build.BuildError, match="mpi.h not found") as caught:
+        _build.ensure_built(source_dir=tiny_tree)
+    assert "/nowhere/include" in str(caught.value) and "pip install mpich" in str(caught.value)
+
+
+# --------------------------------------------------------------------------
+# packaging
+# --------------------------------------------------------------------------
+
+
+def _load_module_from(path: Path, name: str):
+    """Import the file ``path`` as a fresh module called ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wheel_carries_op_sources(tmp_path: Path):
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in"):
+        shutil.copy2(REPO_ROOT / name, project / name)
+    for name in ("hvdkeras", "ops"):
+        shutil.copytree(REPO_ROOT / name, project / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "_ops_src"))
+    wheels = tmp_path / "wheels"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(project), "-w", str(wheels)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    (wheel,) = wheels.glob("hvdkeras-0.1.0-*.whl")
+    unpacked = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        archive.extractall(unpacked)
+    for source in _build.source_files(REPO_ROOT / "ops"):
+        relative = source.relative_to(REPO_ROOT / "ops").as_posix()
+        assert f"hvdkeras/_ops_src/{relative}" in names
+    installed = _load_module_from(unpacked / "hvdkeras" / "_build.py", "hvdkeras_wheel_build")
+    assert installed.ops_source_dir() == unpacked / "hvdkeras" / "_ops_src"
+    assert _build.source_hash(installed.ops_source_dir()) == _build.source_hash(REPO_ROOT / "ops")
+
+
+# --------------------------------------------------------------------------
+# real builds
+# --------------------------------------------------------------------------
+
+
+@real_build
+def test_build_reuses_cache_and_rebuilds_on_source_change(tiny_tree: Path, cache_dir: Path):
+    import tensorflow as tf
+
+    library = _build.ensure_built(source_dir=tiny_tree)
+    assert _build.last_build_performed
+    assert library.is_file() and library.parent.parent == cache_dir / "ops"
+    info = _build.read_build_info(library)
+    assert info["device"] == "CPU" and info["cuda"] is False and info["nccl"] is False
+    assert info["source_hash"] == _build.source_hash(tiny_tree)
+
+    module = tf.load_op_library(str(library))
+    assert module.hvdkeras_tiny_copy(tf.constant([1.0, 2.0])).numpy().tolist() == [1.0, 2.0]
+    # 1 only if the library resolved MPI_Initialized in the libmpi mpi4py initialised.
+    assert int(module.hvdkeras_tiny_mpi_initialized()) == 1
+
+    assert _build.ensure_built(source_dir=tiny_tree) == library
+    assert not _build.last_build_performed
+
+    source = tiny_tree / "core" / "tiny.cc"
+    source.write_text(source.read_text() + "// touched\n")
+    rebuilt = _build.ensure_built(source_dir=tiny_tree)
+    assert _build.last_build_performed
+    assert rebuilt != library and rebuilt.is_file()
+    assert not list((cache_dir / "ops").glob(".tmp-*")), "temporary build dirs left behind"
+
+
+RANK_SCRIPT = """
+import json, sys
+from mpi4py import MPI
+from hvdkeras import _build
+path = _build.ensure_built(source_dir=sys.argv[1])
+print("RESULT " + json.dumps({"rank": MPI.COMM_WORLD.Get_rank(),
+                             "built": _build.last_build_performed, "path": str(path)}), flush=True)
+"""
+
+
+@real_build
+def test_two_ranks_importing_at_once_build_once(tiny_tree: Path, cache_dir: Path, tmp_path: Path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = {**os.environ, "HVDKERAS_CACHE_DIR": str(cache_dir)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [str(mpiexec), "-n", "2", sys.executable, str(script), str(tiny_tree)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines()
+               if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    assert sum(r["built"] for r in results) == 1
+    assert len({r["path"] for r in results}) == 1
+    assert result.stderr.count("hvdkeras: building op library") == 1
+
