@@ -18,6 +18,8 @@ from hvdkeras.basics import (
     rank,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from hvdkeras.collectives import (
     Average,
@@ -30,12 +32,23 @@ from hvdkeras.collectives import (
     broadcast_variables,
     grouped_allreduce,
 )
+from hvdkeras.gather_scatter import (
+    allgather,
+    alltoall,
+    grouped_allgather,
+    grouped_reducescatter,
+    reducescatter,
+)
+from hvdkeras.object_collectives import allgather_object, broadcast_object
+from hvdkeras.synchronization import barrier, join
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Average", "Max", "Min", "Product", "Sum", "allreduce", "broadcast",
-    "broadcast_variables", "cross_rank", "cross_size", "engine_config", "grouped_allreduce",
-    "init", "is_homogeneous", "is_initialized", "local_rank", "local_size",
-    "mpi_threads_supported", "rank", "shutdown", "size",
+    "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
+    "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "cross_rank",
+    "cross_size", "engine_config", "grouped_allgather", "grouped_allreduce",
+    "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+    "local_size", "mpi_threads_supported", "rank", "reducescatter", "shutdown", "size",
+    "start_timeline", "stop_timeline",
 ]

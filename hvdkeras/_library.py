@@ -20,18 +20,24 @@ _path: Optional[Path] = None
 
 def _bind_c_api(lib: ctypes.CDLL) -> None:
     lib.hvdkeras_engine_start.argtypes = [
-        ctypes.c_int,
-        ctypes.c_int64,
-        ctypes.c_double,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
+        ctypes.c_int,  # Fortran handle of the communicator
+        ctypes.c_int64,  # fusion threshold
+        ctypes.c_double,  # cycle time (ms)
+        ctypes.c_int,  # cache capacity
+        ctypes.c_double,  # stall check seconds
+        ctypes.c_double,  # stall shutdown seconds
+        ctypes.c_char_p,  # timeline path
+        ctypes.c_int,  # timeline: mark cycles
+        ctypes.c_char_p,  # error buffer
+        ctypes.c_int,  # its capacity
     ]
     lib.hvdkeras_engine_start.restype = ctypes.c_int
     lib.hvdkeras_engine_stop.argtypes = []
     lib.hvdkeras_engine_stop.restype = None
     lib.hvdkeras_engine_running.argtypes = []
     lib.hvdkeras_engine_running.restype = ctypes.c_int
+    lib.hvdkeras_set_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_set_timeline.restype = None
     lib.hvdkeras_build_flavor.argtypes = []
     lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
 

@@ -99,7 +99,8 @@ def init(comm: Any = None) -> None:
     error = ctypes.create_string_buffer(1024)
     rc = lib.hvdkeras_engine_start(
         engine_comm.py2f(), config.fusion_threshold, config.cycle_time_ms,
-        config.cache_capacity, error, len(error),
+        config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds,
+        config.timeline_path.encode(), int(config.timeline_mark_cycles), error, len(error),
     )
     if rc != 0:
         for c in (cross_comm, local_comm, engine_comm):
@@ -186,6 +187,37 @@ def mpi_threads_supported() -> bool:
     from mpi4py import MPI
 
     return _require().thread_level >= MPI.THREAD_MULTIPLE
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome trace of the engine's work to `file_path`.
+
+    Rank 0 writes the file (other ranks may call this too; it does nothing
+    there). The trace shows, per tensor, its negotiation with the moment each
+    rank was ready and the phases of its execution. It is valid JSON at any
+    moment, so it can be opened while training runs or after a crash, in
+    Perfetto (ui.perfetto.dev) or chrome://tracing.
+
+    Args:
+        file_path: Where to write (truncated if it exists).
+        mark_cycles: Also mark every engine cycle.
+
+    Example:
+
+    ```python
+    hvd.start_timeline("/tmp/hvdkeras_timeline.json")
+    model.fit(...)
+    hvd.stop_timeline()
+    ```
+    """
+    _require()
+    _library.c_api().hvdkeras_set_timeline(str(file_path).encode(), int(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stops the trace started by `start_timeline` (or HVDKERAS_TIMELINE)."""
+    _require()
+    _library.c_api().hvdkeras_set_timeline(b"", 0)
 
 
 def engine_config() -> EngineConfig:

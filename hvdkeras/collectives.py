@@ -87,7 +87,10 @@ def allreduce(tensor, name: Optional[str] = None, average: Optional[bool] = None
     Args:
         tensor: A tensor (or anything convertible) of dtype uint8, int8, int32,
             int64, float16, bfloat16, float32 or float64, with the same shape
-            on every rank. `tf.IndexedSlices` are densified first.
+            on every rank. A `tf.IndexedSlices` (e.g. an Embedding gradient)
+            is reduced by gathering every rank's values and indices, and
+            comes back as `tf.IndexedSlices` (Sum or Average only); convert
+            it with `tf.convert_to_tensor` first to reduce it densely.
         name: Name that matches this call across ranks (see module docs).
         average: Deprecated spelling of `op` (True means Average).
         prescale_factor: Multiplies the input before the reduction.
@@ -107,10 +110,29 @@ def allreduce(tensor, name: Optional[str] = None, average: Optional[bool] = None
     basics._require()
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        tensor = tf.convert_to_tensor(tensor)
+        return _allreduce_indexed_slices(tensor, op, prescale_factor, postscale_factor, name)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor, _ALLREDUCE_DTYPES, "allreduce")
     return _allreduce_list([tensor], op, prescale_factor, postscale_factor, name)[0]
+
+
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale_factor: float,
+                              postscale_factor: float, name: Optional[str]) -> tf.IndexedSlices:
+    """Sum/Average of sparse rows: every rank's rows, concatenated (duplicates add up)."""
+    from hvdkeras import gather_scatter
+
+    if op not in (Sum, Average):
+        raise ValueError(f"allreduce of tf.IndexedSlices supports Sum and Average, not "
+                         f"{_REDUCE_OP_NAMES[op]}; densify with tf.convert_to_tensor first.")
+    base = name or "HvdkerasSparseAllreduce"
+    values, indices = gather_scatter.grouped_allgather_mixed(
+        [slices.values, slices.indices], name=base)
+    scale = prescale_factor * postscale_factor
+    if op == Average:
+        scale /= basics.size()
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 def grouped_allreduce(tensors: Sequence, name: Optional[str] = None,

@@ -13,6 +13,11 @@ from typing import Mapping, Optional
 FUSION_THRESHOLD = "HVDKERAS_FUSION_THRESHOLD"
 CYCLE_TIME = "HVDKERAS_CYCLE_TIME"
 CACHE_CAPACITY = "HVDKERAS_CACHE_CAPACITY"
+STALL_CHECK_SECONDS = "HVDKERAS_STALL_CHECK_SECONDS"
+STALL_CHECK_DISABLE = "HVDKERAS_STALL_CHECK_DISABLE"
+STALL_SHUTDOWN_SECONDS = "HVDKERAS_STALL_SHUTDOWN_SECONDS"
+TIMELINE = "HVDKERAS_TIMELINE"
+TIMELINE_MARK_CYCLES = "HVDKERAS_TIMELINE_MARK_CYCLES"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,11 +30,21 @@ class EngineConfig:
             in milliseconds. Ranks with new work start a cycle at once.
         cache_capacity: Entries in the response cache behind the fast
             negotiation path (0 sends every request to the coordinator).
+        stall_check_seconds: After this long, rank 0 warns about collectives
+            that some ranks submitted and others did not (0 disables).
+        stall_shutdown_seconds: After this long, such collectives fail on
+            the ranks that submitted them (0: they wait forever).
+        timeline_path: Rank 0 writes a Chrome trace here ("" for none).
+        timeline_mark_cycles: Add a marker for every engine cycle.
     """
 
     fusion_threshold: int = 64 * 1024 * 1024
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
+    stall_check_seconds: float = 60.0
+    stall_shutdown_seconds: float = 0.0
+    timeline_path: str = ""
+    timeline_mark_cycles: bool = False
 
 
 def _parse_int(env: Mapping[str, str], key: str, default: int, minimum: int) -> int:
@@ -64,6 +79,29 @@ def _parse_float(env: Mapping[str, str], key: str, default: float, minimum: floa
     return value
 
 
+def _parse_seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise ValueError(f"{key}={raw!r} must be a number of seconds >= 0 (0 turns it off; "
+                         f"default {default}).")
+    return value
+
+
+def _parse_bool(env: Mapping[str, str], key: str) -> bool:
+    raw = env.get(key, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{key}={env[key]!r} is not a boolean; use 1 or 0.")
+
+
 def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineConfig:
     """Reads the engine knobs from `env` (default: `os.environ`).
 
@@ -87,4 +125,11 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
         fusion_threshold=_parse_int(env, FUSION_THRESHOLD, defaults.fusion_threshold, 0),
         cycle_time_ms=_parse_float(env, CYCLE_TIME, defaults.cycle_time_ms, 0.0),
         cache_capacity=_parse_int(env, CACHE_CAPACITY, defaults.cache_capacity, 0),
+        stall_check_seconds=(0.0 if _parse_bool(env, STALL_CHECK_DISABLE) else
+                             _parse_seconds(env, STALL_CHECK_SECONDS,
+                                            defaults.stall_check_seconds)),
+        stall_shutdown_seconds=_parse_seconds(env, STALL_SHUTDOWN_SECONDS,
+                                              defaults.stall_shutdown_seconds),
+        timeline_path=env.get(TIMELINE, "").strip(),
+        timeline_mark_cycles=_parse_bool(env, TIMELINE_MARK_CYCLES),
     )

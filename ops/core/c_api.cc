@@ -23,7 +23,9 @@ extern "C" {
 
 // Returns 0 on success; otherwise writes a message into `error`.
 int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cycle_time_ms,
-                          int cache_capacity, char* error, int error_capacity) {
+                          int cache_capacity, double stall_check_seconds,
+                          double stall_shutdown_seconds, const char* timeline_path,
+                          int timeline_mark_cycles, char* error, int error_capacity) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -35,6 +37,10 @@ int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cyc
   config.fusion_threshold = fusion_threshold;
   config.cycle_time_ms = cycle_time_ms;
   config.cache_capacity = cache_capacity;
+  config.stall_check_seconds = stall_check_seconds;
+  config.stall_shutdown_seconds = stall_shutdown_seconds;
+  config.timeline_path = timeline_path ? timeline_path : "";
+  config.timeline_mark_cycles = timeline_mark_cycles != 0;
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
   hvdkeras::Status s = hvdkeras::Engine::Instance().Start(comm, config);
   if (!s.ok()) {
@@ -47,6 +53,11 @@ int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cyc
 void hvdkeras_engine_stop() { hvdkeras::Engine::Instance().Stop(); }
 
 int hvdkeras_engine_running() { return hvdkeras::Engine::Instance().running() ? 1 : 0; }
+
+// Starts tracing to `path` (rank 0 writes), or stops it when path is empty.
+void hvdkeras_set_timeline(const char* path, int mark_cycles) {
+  hvdkeras::Engine::Instance().SetTimeline(path ? path : "", mark_cycles != 0);
+}
 
 // What the library was built with, for `hvdkeras check`.
 const char* hvdkeras_build_flavor() { return "cpu"; }

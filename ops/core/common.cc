@@ -61,6 +61,11 @@ const char* OpTypeName(OpType op) {
   switch (op) {
     case OpType::kAllreduce: return "allreduce";
     case OpType::kBroadcast: return "broadcast";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kJoin: return "join";
   }
   return "unknown";
 }

@@ -40,6 +40,11 @@ enum class ReduceOp : int32_t {
 enum class OpType : int32_t {
   kAllreduce = 0,
   kBroadcast = 1,
+  kAllgather = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+  kJoin = 6,
 };
 
 enum class StatusCode : int32_t {

@@ -1,6 +1,8 @@
 // Rank 0's bookkeeping for the slow negotiation path: collects the requests
-// every rank sent for a name, decides when a name is ready on all ranks, and
-// checks that the ranks agree. Pure logic with no MPI, so it is unit-testable.
+// every rank sent for a name, decides when a name is ready on all ranks
+// (counting ranks that have joined as ready for everything), checks that the
+// ranks agree, and finds requests that have waited too long. Pure logic with
+// no MPI, so it is unit-testable.
 #pragma once
 
 #include <chrono>
@@ -12,35 +14,78 @@
 
 namespace hvdkeras {
 
+using SteadyClock = std::chrono::steady_clock;
+
+// A name some ranks submitted long ago while others still have not.
+struct Stall {
+  std::string name;
+  double seconds = 0.0;
+  std::vector<int> submitted;
+  std::vector<int> missing;
+};
+
 class Coordinator {
  public:
-  explicit Coordinator(int size) : size_(size) {}
+  explicit Coordinator(int size);
 
-  // Records one rank's request. A name becomes ready when all ranks sent it;
-  // ready names are queued in the order they became ready.
-  void Add(const Request& request);
+  // Records one rank's request. A name becomes ready when every rank has
+  // sent it or joined; ready names queue up in the order they became ready.
+  void Add(const Request& request, SteadyClock::time_point now = SteadyClock::now());
 
-  // Returns the responses for names that became ready since the last call,
-  // in the order they became ready, and forgets them.
+  // Responses for names that became ready since the last call, in order.
   std::vector<Response> TakeReady();
+  // When each rank submitted the names returned by the last TakeReady()
+  // (for the timeline; indexed by rank, unset for ranks that had joined).
+  const std::map<std::string, std::vector<SteadyClock::time_point>>& ready_times() const {
+    return ready_times_;
+  }
+  bool has_ready() const { return !ready_.empty(); }
 
-  // Names some but not all ranks have sent, for diagnostics.
+  bool any_joined() const { return joined_count_ > 0; }
   size_t pending_count() const { return table_.size(); }
+
+  // Names waiting longer than `seconds` for some rank. Each name is
+  // reported once per call that finds it over the limit and not reported
+  // before (set `only_new` to false to report all).
+  std::vector<Stall> FindStalls(SteadyClock::time_point now, double seconds, bool only_new = true);
+
+  // Turns every name waiting longer than `seconds` into an error response
+  // (queued like a ready one), so the ranks that submitted it fail instead of
+  // waiting forever.
+  void FailStalled(SteadyClock::time_point now, double seconds);
 
  private:
   struct Entry {
-    std::vector<Request> by_rank;  // indexed by rank
-    std::vector<bool> seen;        // which ranks have sent theirs
+    std::vector<Request> by_rank;
+    std::vector<bool> seen;
+    std::vector<SteadyClock::time_point> submitted_at;
     int received = 0;
+    SteadyClock::time_point first_seen;
+    uint64_t sequence = 0;
+    bool warned = false;
   };
+
+  bool IsReady(const Entry& entry) const;
+  Response BuildResponse(const Entry& entry) const;
+  void Join(int rank);
+  void PromoteReady();
 
   int size_;
   std::map<std::string, Entry> table_;
+  void Complete(const std::string& name);
+
   std::vector<Response> ready_;
+  std::map<std::string, std::vector<SteadyClock::time_point>> pending_times_, ready_times_;
+  std::vector<bool> joined_;
+  std::vector<int> join_order_;
+  int joined_count_ = 0;
+  uint64_t next_sequence_ = 0;
 };
 
-// Checks that all ranks' requests for one name agree. Returns "" when they
+// Checks that the submitting ranks' requests for one name agree (and, for
+// broadcast, that the root is valid and has not joined). Returns "" when they
 // do, or a message naming the tensor and what each rank sent.
-std::string ValidateRequests(const std::vector<Request>& by_rank, int world_size);
+std::string ValidateRequests(const std::vector<Request>& submitted, int world_size,
+                             const std::vector<bool>& joined);
 
 }  // namespace hvdkeras

@@ -1,8 +1,10 @@
 #include "core/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <sstream>
 
 #include "core/fusion_planner.h"
 #include "core/scaling.h"
@@ -17,6 +19,9 @@ using Clock = std::chrono::steady_clock;
 // (1 = "no") so that the bitwise AND across ranks answers "does any rank ...".
 constexpr uint64_t kNoUnsentRequests = 1;
 constexpr uint64_t kNoShutdownRequest = 2;
+constexpr uint64_t kNoJoinedRank = 4;
+constexpr uint64_t kNoTimeline = 8;          // only rank 0 clears it
+constexpr uint64_t kNoCoordinatorNews = 16;  // only rank 0 clears it
 
 // After this many cycles in a row without progress while ops wait on other
 // ranks, the engine naps between cycles instead of cycling back to back.
@@ -43,23 +48,52 @@ Status WaitPolitely(MPI_Request* request) {
   }
 }
 
-FusionKey KeyOf(const Request& r) {
-  FusionKey key;
+// The planner must see the same items on every rank, so sizes come from what
+// all ranks agreed (an allgather's own contribution differs per rank).
+FusionItem FusionItemOf(const PendingOp& op, int size) {
+  const Request& r = op.request;
+  FusionItem item;
+  item.bytes = r.TotalBytes();
+  FusionKey& key = item.key;
   key.op_type = r.op_type;
-  if (r.op_type == OpType::kAllreduce) {
-    key.dtype = r.dtypes[0];
-    key.reduce_op = r.reduce_op;
-    key.prescale = r.prescale;
-    key.postscale = r.postscale;
-  } else {
-    key.dtype = DataType::kUInt8;  // broadcasts move raw bytes
-    key.root_rank = r.root_rank;
+  switch (r.op_type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      key.dtype = r.dtypes[0];
+      key.reduce_op = r.reduce_op;
+      key.prescale = r.prescale;
+      key.postscale = r.postscale;
+      break;
+    case OpType::kBroadcast:
+      key.dtype = DataType::kUInt8;  // moves raw bytes
+      key.root_rank = r.root_rank;
+      break;
+    case OpType::kAllgather: {
+      key.dtype = DataType::kUInt8;
+      item.bytes = 0;
+      for (size_t t = 0; t < r.shapes.size(); ++t) {
+        int64_t row_bytes = static_cast<int64_t>(DataTypeSize(r.dtypes[t]));
+        for (size_t d = 1; d < r.shapes[t].size(); ++d) row_bytes *= r.shapes[t][d];
+        for (int rank = 0; rank < size; ++rank) {
+          item.bytes += op.response.sizes[t * size + rank] * row_bytes;
+        }
+      }
+      break;
+    }
+    default:  // alltoall, barrier, join
+      item.fusable = false;
   }
-  return key;
+  return item;
 }
 
-int64_t TensorBytes(const TensorRef& t) {
-  return NumElements(t.shape) * static_cast<int64_t>(DataTypeSize(t.dtype));
+std::string TensorArgs(const Request& r) {
+  std::ostringstream out;
+  out << "{\"dtype\":\"";
+  for (size_t i = 0; i < r.dtypes.size(); ++i) out << (i ? "," : "") << DataTypeName(r.dtypes[i]);
+  out << "\",\"shape\":\"";
+  for (size_t i = 0; i < r.shapes.size(); ++i) out << (i ? "," : "") << ShapeString(r.shapes[i]);
+  out << "\"}";
+  return out.str();
 }
 
 }  // namespace
@@ -80,10 +114,16 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   if (!s.ok()) return s;
   pending_.clear();
   pending_by_name_.clear();
+  stand_ins_.clear();
   incoming_.clear();
   in_flight_.clear();
+  joined_ = false;
   cache_ = ResponseCache(static_cast<size_t>(std::max(0, config.cache_capacity)));
   coordinator_.reset(mpi_.rank() == 0 ? new Coordinator(mpi_.size()) : nullptr);
+  timeline_request_pending_ = !config.timeline_path.empty();
+  timeline_request_path_ = config.timeline_path;
+  timeline_request_mark_cycles_ = config.timeline_mark_cycles;
+  last_stall_check_ = Clock::now();
   shutdown_requested_ = false;
   state_ = State::kRunning;
   thread_ = std::thread([this] { Loop(); });
@@ -102,6 +142,13 @@ void Engine::Stop() {
 bool Engine::running() {
   std::lock_guard<std::mutex> lock(mu_);
   return state_ == State::kRunning;
+}
+
+void Engine::SetTimeline(const std::string& path, bool mark_cycles) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeline_request_pending_ = true;
+  timeline_request_path_ = path;
+  timeline_request_mark_cycles_ = mark_cycles;
 }
 
 Status Engine::Enqueue(std::unique_ptr<PendingOp> op) {
@@ -124,6 +171,7 @@ Status Engine::Enqueue(std::unique_ptr<PendingOp> op) {
                              ": concurrent collectives need distinct names.");
   }
   op->request.rank = mpi_.rank();
+  op->enqueued = Clock::now();
   incoming_.push_back(std::move(op));
   cv_.notify_one();
   return Status::OK();
@@ -140,7 +188,27 @@ void Engine::Loop() {
   FailEverything(
       "hvdkeras was shut down (a rank called hvdkeras.shutdown() or exited) before this "
       "collective completed.");
+  timeline_.Close();
   mpi_.Close();
+}
+
+void Engine::ApplyTimelineRequest() {
+  std::string path;
+  bool mark_cycles;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!timeline_request_pending_) return;
+    timeline_request_pending_ = false;
+    path = timeline_request_path_;
+    mark_cycles = timeline_request_mark_cycles_;
+  }
+  if (mpi_.rank() != 0) return;
+  if (path.empty()) {
+    timeline_.Close();
+    return;
+  }
+  const std::string error = timeline_.Open(path, mark_cycles);
+  if (!error.empty()) std::fprintf(stderr, "hvdkeras: WARNING: %s\n", error.c_str());
 }
 
 bool Engine::RunCycle(bool may_wait, bool* progress) {
@@ -154,18 +222,27 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
     arrived.swap(incoming_);
     shutdown = shutdown_requested_;
   }
+  ApplyTimelineRequest();
   if (!arrived.empty()) *progress = true;
   for (auto& op : arrived) {
+    if (op->request.op_type == OpType::kJoin) joined_ = true;
     pending_by_name_[op->request.name] = op.get();
     pending_.push_back(std::move(op));
   }
+  const auto now = Clock::now();
+  if (coordinator_) InspectStalls();
+  if (timeline_.active()) timeline_.CycleStart();
 
   // Fast path: one bitwise AND over [status | cache hits | not-invalidated].
-  Classify();
+  Classify(now);
   const size_t words = (cache_.num_slots() + 63) / 64;
   std::vector<uint64_t> bits(1 + 2 * words, 0);
-  bits[0] = kNoUnsentRequests | kNoShutdownRequest;
+  bits[0] = kNoUnsentRequests | kNoShutdownRequest | kNoJoinedRank | kNoTimeline |
+            kNoCoordinatorNews;
   if (shutdown) bits[0] &= ~kNoShutdownRequest;
+  if (joined_) bits[0] &= ~kNoJoinedRank;
+  if (timeline_.active()) bits[0] &= ~kNoTimeline;
+  if (coordinator_ && coordinator_->has_ready()) bits[0] &= ~kNoCoordinatorNews;
   for (size_t w = 0; w < words; ++w) bits[1 + words + w] = ~uint64_t{0};
   for (const auto& op : pending_) {
     if (op->sent) continue;
@@ -187,78 +264,101 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
     return false;
   }
   if (!(bits[0] & kNoShutdownRequest)) return false;
+  const bool joined_anywhere = !(bits[0] & kNoJoinedRank);
+  const bool tracing = !(bits[0] & kNoTimeline);
 
   // Entries some rank found stale are dropped everywhere; local ops that
-  // announced them go to the coordinator instead.
+  // announced them go to the coordinator instead. While any rank has joined,
+  // everything goes through the coordinator, which knows who joined.
   bool any_invalidated = false;
   for (size_t slot = 0; slot < words * 64; ++slot) {
     if (bits[1 + words + slot / 64] & (uint64_t{1} << (slot % 64))) continue;
     any_invalidated = true;
     bits[1 + slot / 64] &= ~(uint64_t{1} << (slot % 64));
     if (slot < cache_.num_slots()) cache_.Erase(static_cast<int>(slot));
-    for (auto& op : pending_) {
-      if (op->cache_slot == static_cast<int>(slot)) op->cache_slot = -1;
-    }
   }
-
-  // Cached ops that every rank announced, in slot order.
   std::vector<PendingOp*> ready;
   std::map<int, PendingOp*> by_slot;
   for (const auto& op : pending_) {
-    if (!op->sent && op->cache_slot >= 0) by_slot[op->cache_slot] = op.get();
+    if (op->sent || op->cache_slot < 0) continue;
+    if (joined_anywhere || cache_.Lookup(op->request.name) != op->cache_slot) {
+      op->cache_slot = -1;
+    } else {
+      by_slot[op->cache_slot] = op.get();
+    }
   }
   for (const auto& [slot, op] : by_slot) {
-    if (bits[1 + slot / 64] & (uint64_t{1} << (slot % 64))) ready.push_back(op);
+    if (bits[1 + slot / 64] & (uint64_t{1} << (slot % 64))) {
+      op->response = cache_.CachedResponse(slot);
+      ready.push_back(op);
+    }
   }
   const size_t cached_count = ready.size();
 
-  std::vector<Response> errors;
-  if (!(bits[0] & kNoUnsentRequests) || any_invalidated) SlowPath(&ready, &errors);
+  std::vector<std::pair<PendingOp*, Status>> results;
+  if (!(bits[0] & kNoUnsentRequests) || !(bits[0] & kNoCoordinatorNews) || any_invalidated ||
+      joined_anywhere) {
+    SlowPath(joined_anywhere, &ready, &results);
+  }
 
   // The cache changes identically on every rank: touch what hit, then add
-  // what the coordinator approved, both in execution order.
-  for (size_t i = 0; i < ready.size(); ++i) {
-    if (i < cached_count) {
-      cache_.Touch(ready[i]->cache_slot);
-    } else {
-      cache_.Put(ready[i]->request);
+  // what the coordinator approved, both in execution order. Nothing is added
+  // while a rank has joined (its stand-ins have no requests of their own).
+  if (!joined_anywhere) {
+    for (size_t i = 0; i < ready.size(); ++i) {
+      if (i < cached_count) {
+        cache_.Touch(ready[i]->cache_slot);
+      } else if (ready[i]->request.op_type != OpType::kJoin) {
+        cache_.Put(ready[i]->request, ready[i]->response);
+      }
     }
   }
+  RecordNegotiation(ready, cached_count, tracing);
 
-  std::vector<std::pair<PendingOp*, Status>> results;
-  for (const Response& e : errors) {
-    auto it = pending_by_name_.find(e.name);
-    if (it != pending_by_name_.end()) {
-      results.emplace_back(it->second, Status::Error(StatusCode::kPreconditionError, e.error));
-    }
-  }
   const std::vector<Status> statuses = Execute(ready);
-  for (size_t i = 0; i < ready.size(); ++i) results.emplace_back(ready[i], statuses[i]);
-  if (!results.empty()) *progress = true;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    if (ready[i]->done) results.emplace_back(ready[i], statuses[i]);
+  }
+  stand_ins_.clear();
+  if (!results.empty() || !ready.empty()) *progress = true;
   Finish(std::move(results));
+  if (timeline_.active()) timeline_.Flush();
   return true;
 }
 
-void Engine::Classify() {
+void Engine::Classify(Clock::time_point now) {
   invalid_slots_.clear();
+  // An op that waits on the fast path for long is moved to the coordinator,
+  // which is the only place that can tell which ranks are missing.
+  double demote_after = 0.0;
+  for (double limit : {config_.stall_check_seconds, config_.stall_shutdown_seconds}) {
+    if (limit > 0) demote_after = demote_after > 0 ? std::min(demote_after, limit) : limit;
+  }
+  demote_after *= 0.25;
   for (auto& op : pending_) {
     if (op->sent) continue;
     op->cache_slot = -1;
+    if (joined_ || op->request.op_type == OpType::kJoin) continue;
     const int slot = cache_.Lookup(op->request.name);
     if (slot < 0) continue;
-    if (cache_.Signature(slot).SameSignature(op->request)) {
-      op->cache_slot = slot;
-    } else {
+    const double waited = std::chrono::duration<double>(now - op->enqueued).count();
+    if (!cache_.Signature(slot).SameSignature(op->request) ||
+        (demote_after > 0 && waited > demote_after)) {
       invalid_slots_.push_back(static_cast<uint64_t>(slot));
+    } else {
+      op->cache_slot = slot;
     }
   }
 }
 
-void Engine::SlowPath(std::vector<PendingOp*>* ready, std::vector<Response>* errors) {
+void Engine::SlowPath(bool joined_anywhere, std::vector<PendingOp*>* ready,
+                      std::vector<std::pair<PendingOp*, Status>>* failed) {
+  const auto now = Clock::now();
   std::vector<Request> mine;
   for (auto& op : pending_) {
     if (op->sent || op->cache_slot >= 0) continue;
     op->sent = true;
+    op->request.age_seconds = std::chrono::duration<double>(now - op->enqueued).count();
     mine.push_back(op->request);
   }
   const std::string encoded = EncodeRequests(mine);
@@ -280,11 +380,11 @@ void Engine::SlowPath(std::vector<PendingOp*>* ready, std::vector<Response>* err
               MPI_BYTE, 0, mpi_.comm());
 
   std::string reply;
-  if (mpi_.rank() == 0) {
+  if (coordinator_) {
     for (int r = 0; r < size; ++r) {
       std::vector<Request> requests;
       DecodeRequests(gathered.data() + displs[r], counts[r], &requests);
-      for (const Request& q : requests) coordinator_->Add(q);
+      for (const Request& q : requests) coordinator_->Add(q, now);
     }
     reply = EncodeResponses(coordinator_->TakeReady());
   }
@@ -296,120 +396,156 @@ void Engine::SlowPath(std::vector<PendingOp*>* ready, std::vector<Response>* err
   std::vector<Response> responses;
   DecodeResponses(reply.data(), reply.size(), &responses);
   for (Response& response : responses) {
+    auto it = pending_by_name_.find(response.name);
+    PendingOp* op = it == pending_by_name_.end() ? nullptr : it->second;
     if (response.kind == Response::Kind::kError) {
-      errors->push_back(std::move(response));
+      if (op) failed->emplace_back(op, Status::Error(StatusCode::kPreconditionError, response.error));
       continue;
     }
-    auto it = pending_by_name_.find(response.name);
-    if (it != pending_by_name_.end()) ready->push_back(it->second);
+    if (response.agreed.op_type == OpType::kJoin) joined_ = false;
+    if (!op && joined_anywhere) op = StandIn(response);
+    if (!op) continue;
+    op->response = std::move(response);
+    ready->push_back(op);
+  }
+}
+
+PendingOp* Engine::StandIn(const Response& response) {
+  // This rank has joined: take part with a neutral contribution (no rows for
+  // gathers, zeros for sums, the identity for min/max/product) and discard
+  // the result.
+  auto op = std::make_unique<PendingOp>();
+  op->request = response.agreed;
+  op->request.rank = mpi_.rank();
+  const OpType type = response.agreed.op_type;
+  for (size_t t = 0; t < response.agreed.shapes.size(); ++t) {
+    TensorRef ref;
+    ref.dtype = response.agreed.dtypes[t];
+    ref.shape = response.agreed.shapes[t];
+    if (type == OpType::kAllgather || type == OpType::kAlltoall) ref.shape[0] = 0;
+    const int64_t bytes = NumElements(ref.shape) * static_cast<int64_t>(DataTypeSize(ref.dtype));
+    op->scratch.emplace_back(std::max<int64_t>(bytes, 1));
+    FillNeutral(ref.dtype, response.agreed.reduce_op, op->scratch.back().data(),
+                NumElements(ref.shape));
+    ref.input = op->scratch.back().data();
+    ref.output = op->scratch.back().data();
+    PendingOp* owner = op.get();
+    ref.allocate_output = [owner](const Shape& shape, void** data) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      owner->scratch.emplace_back(std::max<int64_t>(n * 8, 1));
+      *data = owner->scratch.back().data();
+      return Status::OK();
+    };
+    op->tensors.push_back(std::move(ref));
+  }
+  if (type == OpType::kAlltoall) op->request.splits.assign(mpi_.size(), 0);
+  stand_ins_.push_back(std::move(op));
+  return stand_ins_.back().get();
+}
+
+void Engine::RecordNegotiation(const std::vector<PendingOp*>& ready, size_t cached_count,
+                               bool tracing) {
+  if (!tracing) return;
+  // Rank 0 learns when every rank became ready: from the coordinator for
+  // negotiated ops, from one gather of wait times for cached ones.
+  const int size = mpi_.size();
+  const auto now = Clock::now();
+  std::vector<double> ages(cached_count);
+  for (size_t i = 0; i < cached_count; ++i) {
+    ages[i] = std::chrono::duration<double>(now - ready[i]->enqueued).count();
+  }
+  std::vector<double> all_ages(mpi_.rank() == 0 ? cached_count * size : 0);
+  if (cached_count > 0) {
+    MPI_Gather(ages.data(), static_cast<int>(cached_count), MPI_DOUBLE, all_ages.data(),
+               static_cast<int>(cached_count), MPI_DOUBLE, 0, mpi_.comm());
+  }
+  if (!timeline_.active()) return;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    const Request& r = ready[i]->request;
+    std::vector<Clock::time_point> times(size, now);
+    if (i < cached_count) {
+      for (int rank = 0; rank < size; ++rank) {
+        times[rank] = now - std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(all_ages[rank * cached_count + i]));
+      }
+    } else {
+      auto it = coordinator_->ready_times().find(r.name);
+      if (it != coordinator_->ready_times().end()) times = it->second;
+    }
+    Clock::time_point first = now;
+    for (int rank = 0; rank < size; ++rank) {
+      if (times[rank] != Clock::time_point()) first = std::min(first, times[rank]);
+    }
+    timeline_.NegotiateStart(r.name, r.op_type, first);
+    for (int rank = 0; rank < size; ++rank) {
+      if (times[rank] != Clock::time_point()) timeline_.RankReady(r.name, rank, times[rank]);
+    }
+    timeline_.NegotiateEnd(r.name, now);
+  }
+}
+
+void Engine::InspectStalls() {
+  const auto now = Clock::now();
+  if (now - last_stall_check_ < std::chrono::milliseconds(200)) return;
+  last_stall_check_ = now;
+  if (config_.stall_check_seconds > 0) {
+    for (const Stall& stall : coordinator_->FindStalls(now, config_.stall_check_seconds)) {
+      std::ostringstream missing, submitted;
+      for (size_t i = 0; i < stall.missing.size(); ++i) missing << (i ? ", " : "") << stall.missing[i];
+      for (size_t i = 0; i < stall.submitted.size(); ++i) {
+        submitted << (i ? ", " : "") << stall.submitted[i];
+      }
+      std::fprintf(stderr,
+                   "hvdkeras: WARNING: collective '%s' has waited %.1f s: rank(s) %s have not "
+                   "submitted it (rank(s) %s have). One rank may be running different "
+                   "collectives or fewer steps than the others.\n",
+                   stall.name.c_str(), stall.seconds, missing.str().c_str(),
+                   submitted.str().c_str());
+    }
+  }
+  if (config_.stall_shutdown_seconds > 0) {
+    coordinator_->FailStalled(now, config_.stall_shutdown_seconds);
   }
 }
 
 std::vector<Status> Engine::Execute(const std::vector<PendingOp*>& ready) {
   std::vector<FusionItem> items;
   items.reserve(ready.size());
-  for (PendingOp* op : ready) items.push_back({KeyOf(op->request), op->request.TotalBytes()});
+  for (PendingOp* op : ready) items.push_back(FusionItemOf(*op, mpi_.size()));
   std::vector<Status> statuses(ready.size());
   for (const std::vector<int>& batch_indices : PlanFusion(items, config_.fusion_threshold)) {
     std::vector<PendingOp*> batch;
     for (int i : batch_indices) batch.push_back(ready[i]);
-    const Status s = batch[0]->request.op_type == OpType::kAllreduce ? ExecuteAllreduce(batch)
-                                                                     : ExecuteBroadcast(batch);
+    const bool trace = timeline_.active();
+    if (trace) {
+      for (PendingOp* op : batch) {
+        timeline_.OpStart(op->request.name, op->request.op_type, TensorArgs(op->request));
+      }
+    }
+    const Status s = ExecuteBatch(batch);
+    if (trace) {
+      for (PendingOp* op : batch) timeline_.OpEnd(op->request.name);
+    }
     for (int i : batch_indices) statuses[i] = s;
   }
   return statuses;
 }
 
-char* Engine::FusionBuffer(int64_t bytes) {
-  if (static_cast<int64_t>(fusion_buffer_.size()) < bytes) fusion_buffer_.resize(bytes);
-  return fusion_buffer_.data();
-}
-
-Status Engine::ExecuteAllreduce(const std::vector<PendingOp*>& batch) {
-  const Request& first = batch[0]->request;
-  const DataType dtype = first.dtypes[0];
-  const int divisor = first.reduce_op == ReduceOp::kAverage ? mpi_.size() : 1;
-  const size_t element = DataTypeSize(dtype);
-
-  if (batch.size() == 1 && batch[0]->tensors.size() == 1) {
-    // A lone tensor is reduced straight into its output: no fusion buffer.
-    const TensorRef& t = batch[0]->tensors[0];
-    const int64_t n = NumElements(t.shape);
-    const void* send = t.input == t.output ? nullptr : t.input;
-    if (first.prescale != 1.0) {
-      ScaleCopy(dtype, t.input, t.output, n, first.prescale);
-      send = nullptr;
-    }
-    Status s = mpi_.Allreduce(send, t.output, n, dtype, first.reduce_op);
-    if (!s.ok()) return s;
-    FinalizeCopy(dtype, t.output, t.output, n, divisor, first.postscale);
-    return Status::OK();
+Status Engine::ExecuteBatch(const std::vector<PendingOp*>& batch) {
+  ExecContext ctx{mpi_, fusion_buffer_, timeline_.active() ? &timeline_ : nullptr};
+  switch (batch[0]->request.op_type) {
+    case OpType::kAllreduce: return RunAllreduce(ctx, batch);
+    case OpType::kBroadcast: return RunBroadcast(ctx, batch);
+    case OpType::kAllgather: return RunAllgather(ctx, batch);
+    case OpType::kAlltoall: return RunAlltoall(ctx, batch[0]);
+    case OpType::kReducescatter: return RunReducescatter(ctx, batch);
+    case OpType::kBarrier: return Status::OK();  // agreement itself was the barrier
+    case OpType::kJoin:
+      if (batch[0]->join_result) *batch[0]->join_result = batch[0]->response.last_joined_rank;
+      return Status::OK();
   }
-
-  int64_t total = 0;
-  for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) total += NumElements(t.shape);
-  }
-  char* buffer = FusionBuffer(total * element);
-  int64_t offset = 0;
-  for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) {
-      const int64_t n = NumElements(t.shape);
-      ScaleCopy(dtype, t.input, buffer + offset * element, n, first.prescale);
-      offset += n;
-    }
-  }
-  Status s = mpi_.Allreduce(nullptr, buffer, total, dtype, first.reduce_op);
-  if (!s.ok()) return s;
-  offset = 0;
-  for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) {
-      const int64_t n = NumElements(t.shape);
-      FinalizeCopy(dtype, buffer + offset * element, t.output, n, divisor, first.postscale);
-      offset += n;
-    }
-  }
-  return Status::OK();
-}
-
-Status Engine::ExecuteBroadcast(const std::vector<PendingOp*>& batch) {
-  const int root = batch[0]->request.root_rank;
-  const bool is_root = mpi_.rank() == root;
-  if (is_root) {  // the root's outputs are its inputs
-    for (PendingOp* op : batch) {
-      for (const TensorRef& t : op->tensors) {
-        if (t.input != t.output) std::memcpy(t.output, t.input, TensorBytes(t));
-      }
-    }
-  }
-  if (batch.size() == 1 && batch[0]->tensors.size() == 1) {
-    const TensorRef& t = batch[0]->tensors[0];
-    return mpi_.Broadcast(t.output, TensorBytes(t), root);
-  }
-  int64_t total = 0;
-  for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) total += TensorBytes(t);
-  }
-  char* buffer = FusionBuffer(total);
-  int64_t offset = 0;
-  if (is_root) {
-    for (PendingOp* op : batch) {
-      for (const TensorRef& t : op->tensors) {
-        std::memcpy(buffer + offset, t.input, TensorBytes(t));
-        offset += TensorBytes(t);
-      }
-    }
-  }
-  Status s = mpi_.Broadcast(buffer, total, root);
-  if (!s.ok() || is_root) return s;
-  offset = 0;
-  for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) {
-      std::memcpy(t.output, buffer + offset, TensorBytes(t));
-      offset += TensorBytes(t);
-    }
-  }
-  return Status::OK();
+  return Status::Error(StatusCode::kUnknown, "unknown op type");
 }
 
 void Engine::Finish(std::vector<std::pair<PendingOp*, Status>> results) {
@@ -450,6 +586,7 @@ void Engine::FailEverything(const std::string& why) {
   for (auto& op : pending_) leftovers.push_back(std::move(op));
   pending_.clear();
   pending_by_name_.clear();
+  stand_ins_.clear();
   const Status status = Status::Error(StatusCode::kAborted, why);
   for (auto& op : leftovers) {
     if (op->done) op->done(status);

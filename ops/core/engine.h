@@ -17,11 +17,14 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/collectives.h"
 #include "core/coordinator.h"
 #include "core/engine_api.h"
+#include "core/engine_op.h"
 #include "core/message.h"
 #include "core/mpi_context.h"
 #include "core/response_cache.h"
+#include "core/timeline.h"
 
 namespace hvdkeras {
 
@@ -29,15 +32,10 @@ struct EngineConfig {
   int64_t fusion_threshold = int64_t{64} << 20;  // bytes
   double cycle_time_ms = 1.0;                    // idle tick
   int cache_capacity = 1024;                     // 0 disables the fast path
-};
-
-// A submitted op, owned by the engine until its callback has run.
-struct PendingOp {
-  Request request;
-  std::vector<TensorRef> tensors;
-  DoneCallback done;
-  int cache_slot = -1;  // slot announced on the fast path, or -1
-  bool sent = false;    // sent to the coordinator on the slow path
+  double stall_check_seconds = 60.0;             // 0 disables the warning
+  double stall_shutdown_seconds = 0.0;           // 0: stalled ops wait forever
+  std::string timeline_path;                     // rank 0 traces when set
+  bool timeline_mark_cycles = false;
 };
 
 class Engine {
@@ -57,6 +55,10 @@ class Engine {
 
   Status Enqueue(std::unique_ptr<PendingOp> op);
 
+  // Starts (path non-empty) or stops tracing; takes effect at the next cycle.
+  // Only rank 0 writes a trace.
+  void SetTimeline(const std::string& path, bool mark_cycles);
+
  private:
   enum class State { kNeverStarted, kRunning, kStopped };
 
@@ -64,15 +66,18 @@ class Engine {
   // One negotiation + execution cycle; returns false once every rank agreed
   // to shut down. Sets *progress when an op completed or new ops arrived.
   bool RunCycle(bool may_wait, bool* progress);
-  void Classify();
-  void SlowPath(std::vector<PendingOp*>* ready, std::vector<Response>* errors);
-  // Runs ready ops in fused batches; returns one status per op.
+  void Classify(std::chrono::steady_clock::time_point now);
+  void SlowPath(bool joined_anywhere, std::vector<PendingOp*>* ready,
+                std::vector<std::pair<PendingOp*, Status>>* failed);
+  PendingOp* StandIn(const Response& response);
+  void RecordNegotiation(const std::vector<PendingOp*>& ready, size_t cached_count,
+                         bool tracing);
+  void InspectStalls();
   std::vector<Status> Execute(const std::vector<PendingOp*>& ready);
-  Status ExecuteAllreduce(const std::vector<PendingOp*>& batch);
-  Status ExecuteBroadcast(const std::vector<PendingOp*>& batch);
+  Status ExecuteBatch(const std::vector<PendingOp*>& batch);
   void Finish(std::vector<std::pair<PendingOp*, Status>> results);
   void FailEverything(const std::string& why);
-  char* FusionBuffer(int64_t bytes);
+  void ApplyTimelineRequest();
 
   // Shared with submitting threads, guarded by mu_.
   std::mutex mu_;
@@ -81,6 +86,9 @@ class Engine {
   bool shutdown_requested_ = false;
   std::vector<std::unique_ptr<PendingOp>> incoming_;
   std::unordered_set<std::string> in_flight_;
+  bool timeline_request_pending_ = false;
+  std::string timeline_request_path_;
+  bool timeline_request_mark_cycles_ = false;
 
   // Owned by the background thread.
   EngineConfig config_;
@@ -88,10 +96,14 @@ class Engine {
   std::thread thread_;
   std::vector<std::unique_ptr<PendingOp>> pending_;
   std::unordered_map<std::string, PendingOp*> pending_by_name_;
+  std::vector<std::unique_ptr<PendingOp>> stand_ins_;  // a joined rank's neutral ops
+  bool joined_ = false;                                // this rank called join()
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;
   std::vector<uint64_t> invalid_slots_;  // this cycle's local invalidations
-  std::vector<char> fusion_buffer_;
+  FusionBuffer fusion_buffer_;
+  Timeline timeline_;
+  std::chrono::steady_clock::time_point last_stall_check_;
 };
 
 }  // namespace hvdkeras

@@ -9,62 +9,120 @@ namespace hvdkeras {
 
 namespace {
 
-Status Submit(const std::string& name, OpType type, std::vector<TensorRef> tensors,
-              ReduceOp op, double prescale, double postscale, int root, DoneCallback done) {
-  if (name.empty()) {
-    return Status::Error(StatusCode::kInvalidArgument, "a collective needs a non-empty name");
-  }
-  if (tensors.empty()) {
-    return Status::Error(StatusCode::kInvalidArgument,
-                         "collective '" + name + "' was given no tensors");
-  }
-  auto pending = std::make_unique<PendingOp>();
-  Request& r = pending->request;
+Status Invalid(const std::string& message) {
+  return Status::Error(StatusCode::kInvalidArgument, message);
+}
+
+std::unique_ptr<PendingOp> MakeOp(const std::string& name, OpType type,
+                                  std::vector<TensorRef> tensors, DoneCallback done) {
+  auto op = std::make_unique<PendingOp>();
+  Request& r = op->request;
   r.name = name;
   r.op_type = type;
-  r.reduce_op = op;
-  r.prescale = prescale;
-  r.postscale = postscale;
-  r.root_rank = root;
   for (const TensorRef& t : tensors) {
     r.dtypes.push_back(t.dtype);
     r.shapes.push_back(t.shape);
   }
-  pending->tensors = std::move(tensors);
-  pending->done = std::move(done);
-  return Engine::Instance().Enqueue(std::move(pending));
+  op->tensors = std::move(tensors);
+  op->done = std::move(done);
+  return op;
+}
+
+// Checks shared by the reducing ops: a name, tensors, one reducible dtype.
+Status CheckReducible(const char* what, const std::string& name,
+                      const std::vector<TensorRef>& tensors, ReduceOp op) {
+  if (name.empty()) return Invalid(std::string(what) + " needs a non-empty name");
+  if (tensors.empty()) return Invalid(std::string(what) + " '" + name + "' was given no tensors");
+  for (const TensorRef& t : tensors) {
+    if (t.dtype != tensors[0].dtype) {
+      return Invalid(std::string(what) + " '" + name + "' mixes dtypes " +
+                     DataTypeName(tensors[0].dtype) + " and " + DataTypeName(t.dtype) +
+                     "; submit one group per dtype");
+    }
+    if (t.dtype == DataType::kBool || static_cast<int32_t>(t.dtype) > 8) {
+      return Invalid(std::string(what) + " '" + name + "' does not support " +
+                     DataTypeName(t.dtype) + " tensors");
+    }
+  }
+  if (!IsValidReduceOp(static_cast<int32_t>(op))) {
+    return Invalid(std::string(what) + " '" + name + "' got an unknown reduction op " +
+                   std::to_string(static_cast<int>(op)));
+  }
+  return Status::OK();
+}
+
+Status CheckNamed(const char* what, const std::string& name,
+                  const std::vector<TensorRef>& tensors) {
+  if (name.empty()) return Invalid(std::string(what) + " needs a non-empty name");
+  if (tensors.empty()) return Invalid(std::string(what) + " '" + name + "' was given no tensors");
+  return Status::OK();
 }
 
 }  // namespace
 
 Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
                         double prescale, double postscale, DoneCallback done) {
-  for (const TensorRef& t : tensors) {
-    if (t.dtype != tensors[0].dtype) {
-      return Status::Error(StatusCode::kInvalidArgument,
-                           "grouped allreduce '" + name + "' mixes dtypes " +
-                               DataTypeName(tensors[0].dtype) + " and " + DataTypeName(t.dtype) +
-                               "; submit one group per dtype");
-    }
-    if (t.dtype == DataType::kBool || static_cast<int32_t>(t.dtype) > 8) {
-      return Status::Error(StatusCode::kInvalidArgument,
-                           "allreduce '" + name + "' does not support " + DataTypeName(t.dtype) +
-                               " tensors");
-    }
-  }
-  if (!IsValidReduceOp(static_cast<int32_t>(op))) {
-    return Status::Error(StatusCode::kInvalidArgument,
-                         "allreduce '" + name + "' got an unknown reduction op " +
-                             std::to_string(static_cast<int>(op)));
-  }
-  return Submit(name, OpType::kAllreduce, std::move(tensors), op, prescale, postscale, 0,
-                std::move(done));
+  Status s = CheckReducible("allreduce", name, tensors, op);
+  if (!s.ok()) return s;
+  auto pending = MakeOp(name, OpType::kAllreduce, std::move(tensors), std::move(done));
+  pending->request.reduce_op = op;
+  pending->request.prescale = prescale;
+  pending->request.postscale = postscale;
+  return Engine::Instance().Enqueue(std::move(pending));
 }
 
 Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors, int root_rank,
                         DoneCallback done) {
-  return Submit(name, OpType::kBroadcast, std::move(tensors), ReduceOp::kSum, 1.0, 1.0,
-                root_rank, std::move(done));
+  Status s = CheckNamed("broadcast", name, tensors);
+  if (!s.ok()) return s;
+  auto pending = MakeOp(name, OpType::kBroadcast, std::move(tensors), std::move(done));
+  pending->request.root_rank = root_rank;
+  return Engine::Instance().Enqueue(std::move(pending));
+}
+
+Status EnqueueAllgather(const std::string& name, std::vector<TensorRef> tensors,
+                        DoneCallback done) {
+  Status s = CheckNamed("allgather", name, tensors);
+  if (!s.ok()) return s;
+  return Engine::Instance().Enqueue(
+      MakeOp(name, OpType::kAllgather, std::move(tensors), std::move(done)));
+}
+
+Status EnqueueAlltoall(const std::string& name, TensorRef tensor, std::vector<int64_t> splits,
+                       DoneCallback done) {
+  if (name.empty()) return Invalid("alltoall needs a non-empty name");
+  std::vector<TensorRef> tensors;
+  tensors.push_back(std::move(tensor));
+  auto pending = MakeOp(name, OpType::kAlltoall, std::move(tensors), std::move(done));
+  pending->request.splits = std::move(splits);
+  return Engine::Instance().Enqueue(std::move(pending));
+}
+
+Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
+                            double prescale, double postscale, DoneCallback done) {
+  Status s = CheckReducible("reducescatter", name, tensors, op);
+  if (!s.ok()) return s;
+  if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
+    return Invalid("reducescatter '" + name + "' supports only Sum and Average, not " +
+                   ReduceOpName(op));
+  }
+  auto pending = MakeOp(name, OpType::kReducescatter, std::move(tensors), std::move(done));
+  pending->request.reduce_op = op;
+  pending->request.prescale = prescale;
+  pending->request.postscale = postscale;
+  return Engine::Instance().Enqueue(std::move(pending));
+}
+
+Status EnqueueBarrier(const std::string& name, DoneCallback done) {
+  if (name.empty()) return Invalid("barrier needs a non-empty name");
+  return Engine::Instance().Enqueue(MakeOp(name, OpType::kBarrier, {}, std::move(done)));
+}
+
+Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallback done) {
+  if (name.empty()) return Invalid("join needs a non-empty name");
+  auto pending = MakeOp(name, OpType::kJoin, {}, std::move(done));
+  pending->join_result = last_joined_rank;
+  return Engine::Instance().Enqueue(std::move(pending));
 }
 
 bool EngineRunning() { return Engine::Instance().running(); }

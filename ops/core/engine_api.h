@@ -2,6 +2,7 @@
 // raw buffers and get a completion callback. No MPI and no framework types.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -10,11 +11,20 @@
 
 namespace hvdkeras {
 
-// One tensor of a request: its input buffer and an output buffer of the same
-// size, allocated by the caller (they may be the same buffer).
+// Allocates an output of `shape` once the engine knows it (allgather,
+// alltoall, reducescatter) and stores its address in *data.
+using AllocateOutput = std::function<Status(const Shape& shape, void** data)>;
+
+// One tensor of a request.
 struct TensorRef {
   const void* input = nullptr;
+  // For allreduce and broadcast: an output buffer of the input's size,
+  // allocated by the caller (it may be the input buffer).
   void* output = nullptr;
+  // For ops whose output shape is decided by negotiation.
+  AllocateOutput allocate_output;
+  // Alltoall: receives the number of rows that came from each rank.
+  std::function<void(const std::vector<int64_t>&)> receive_splits;
   DataType dtype = DataType::kFloat32;
   Shape shape;
 };
@@ -23,15 +33,37 @@ struct TensorRef {
 // failed. Buffers must stay valid until then.
 using DoneCallback = std::function<void(const Status&)>;
 
-// Submit an allreduce of one or more tensors of one dtype; all of them are
-// reduced in the same fused call. Returns an error (and does not call `done`)
-// if the op cannot be queued, e.g. the engine is not running.
+// Each Enqueue* returns an error (and does not call `done`) if the op cannot
+// be queued, e.g. the engine is not running or the name is already in use.
+
+// Allreduce of one or more tensors of one dtype, reduced in one fused call.
 Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
                         double prescale, double postscale, DoneCallback done);
 
-// Submit a broadcast of one or more tensors (any dtypes) from root_rank.
+// Broadcast of one or more tensors (any dtypes) from root_rank.
 Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors, int root_rank,
                         DoneCallback done);
+
+// Allgather along the first dimension (which may differ per rank).
+Status EnqueueAllgather(const std::string& name, std::vector<TensorRef> tensors,
+                        DoneCallback done);
+
+// Alltoall of one tensor: splits[r] rows go to rank r.
+Status EnqueueAlltoall(const std::string& name, TensorRef tensor, std::vector<int64_t> splits,
+                       DoneCallback done);
+
+// Reduce (Sum or Average) then scatter the first dimension: rank r gets rows
+// [start_r, end_r), the first (rows % size) ranks one row more than the rest.
+Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
+                            double prescale, double postscale, DoneCallback done);
+
+// Completes once every rank has submitted it.
+Status EnqueueBarrier(const std::string& name, DoneCallback done);
+
+// Marks this rank as joined: until every rank has joined, it takes part in
+// the others' collectives with neutral contributions. `last_joined_rank`
+// receives the rank that joined last.
+Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallback done);
 
 bool EngineRunning();
 

@@ -9,9 +9,9 @@ std::vector<std::vector<int>> PlanFusion(const std::vector<FusionItem>& items,
   for (int i = 0; i < static_cast<int>(items.size()); ++i) {
     const FusionItem& item = items[i];
     int target = -1;
-    if (threshold_bytes > 0) {
+    if (threshold_bytes > 0 && item.fusable) {
       for (size_t b = 0; b < batches.size(); ++b) {
-        if (items[batches[b][0]].key == item.key &&
+        if (items[batches[b][0]].fusable && items[batches[b][0]].key == item.key &&
             batch_bytes[b] + item.bytes <= threshold_bytes) {
           target = static_cast<int>(b);
           break;

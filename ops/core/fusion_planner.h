@@ -26,13 +26,14 @@ struct FusionKey {
 
 struct FusionItem {
   FusionKey key;
-  int64_t bytes = 0;  // all tensors of the request together
+  int64_t bytes = 0;     // all tensors of the request together
+  bool fusable = true;   // false: always a batch of its own (e.g. alltoall)
 };
 
 // Splits items (in their agreed execution order) into batches. Each batch is
 // a list of item indices with one key whose summed bytes stay within
 // `threshold_bytes`; an item is never split, so an item larger than the
-// threshold forms a batch of its own. Items are placed first-fit into the
+// threshold forms a batch of its own, as does an item marked not fusable. Items are placed first-fit into the
 // earliest open batch of their key, so interleaved keys still fuse. Batches
 // are ordered by their first item. A threshold <= 0 disables fusion.
 // Every rank computes the same plan from the same inputs.

@@ -61,27 +61,73 @@ int64_t Request::TotalBytes() const {
 bool Request::SameSignature(const Request& other) const {
   return name == other.name && op_type == other.op_type && reduce_op == other.reduce_op &&
          prescale == other.prescale && postscale == other.postscale &&
-         root_rank == other.root_rank && dtypes == other.dtypes && shapes == other.shapes;
+         root_rank == other.root_rank && dtypes == other.dtypes && shapes == other.shapes &&
+         splits == other.splits;
 }
+
+namespace {
+
+void PutRequest(Writer* w, const Request& r) {
+  w->PutString(r.name);
+  w->Put<int32_t>(r.rank);
+  w->Put<int32_t>(static_cast<int32_t>(r.op_type));
+  w->Put<int32_t>(static_cast<int32_t>(r.reduce_op));
+  w->Put<double>(r.prescale);
+  w->Put<double>(r.postscale);
+  w->Put<int32_t>(r.root_rank);
+  w->Put<uint32_t>(static_cast<uint32_t>(r.shapes.size()));
+  for (size_t i = 0; i < r.shapes.size(); ++i) {
+    w->Put<int32_t>(static_cast<int32_t>(r.dtypes[i]));
+    w->Put<uint32_t>(static_cast<uint32_t>(r.shapes[i].size()));
+    for (int64_t d : r.shapes[i]) w->Put<int64_t>(d);
+  }
+  w->Put<uint32_t>(static_cast<uint32_t>(r.splits.size()));
+  for (int64_t v : r.splits) w->Put<int64_t>(v);
+  w->Put<double>(r.age_seconds);
+}
+
+bool GetInt64s(Reader* r, std::vector<int64_t>* out) {
+  uint32_t n;
+  if (!r->Get(&n)) return false;
+  out->resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!r->Get(&(*out)[i])) return false;
+  }
+  return true;
+}
+
+bool GetRequest(Reader* r, Request* q) {
+  int32_t op_type, reduce_op;
+  uint32_t ntensors;
+  if (!r->GetString(&q->name) || !r->Get(&q->rank) || !r->Get(&op_type) ||
+      !r->Get(&reduce_op) || !r->Get(&q->prescale) || !r->Get(&q->postscale) ||
+      !r->Get(&q->root_rank) || !r->Get(&ntensors)) {
+    return false;
+  }
+  q->op_type = static_cast<OpType>(op_type);
+  q->reduce_op = static_cast<ReduceOp>(reduce_op);
+  for (uint32_t i = 0; i < ntensors; ++i) {
+    int32_t dtype;
+    if (!r->Get(&dtype)) return false;
+    q->dtypes.push_back(static_cast<DataType>(dtype));
+    Shape shape;
+    uint32_t ndims;
+    if (!r->Get(&ndims)) return false;
+    shape.resize(ndims);
+    for (uint32_t d = 0; d < ndims; ++d) {
+      if (!r->Get(&shape[d])) return false;
+    }
+    q->shapes.push_back(std::move(shape));
+  }
+  return GetInt64s(r, &q->splits) && r->Get(&q->age_seconds);
+}
+
+}  // namespace
 
 std::string EncodeRequests(const std::vector<Request>& requests) {
   Writer w;
   w.Put<uint32_t>(static_cast<uint32_t>(requests.size()));
-  for (const Request& r : requests) {
-    w.PutString(r.name);
-    w.Put<int32_t>(r.rank);
-    w.Put<int32_t>(static_cast<int32_t>(r.op_type));
-    w.Put<int32_t>(static_cast<int32_t>(r.reduce_op));
-    w.Put<double>(r.prescale);
-    w.Put<double>(r.postscale);
-    w.Put<int32_t>(r.root_rank);
-    w.Put<uint32_t>(static_cast<uint32_t>(r.shapes.size()));
-    for (size_t i = 0; i < r.shapes.size(); ++i) {
-      w.Put<int32_t>(static_cast<int32_t>(r.dtypes[i]));
-      w.Put<uint32_t>(static_cast<uint32_t>(r.shapes[i].size()));
-      for (int64_t d : r.shapes[i]) w.Put<int64_t>(d);
-    }
-  }
+  for (const Request& r : requests) PutRequest(&w, r);
   return w.Take();
 }
 
@@ -91,26 +137,7 @@ bool DecodeRequests(const char* data, size_t size, std::vector<Request>* out) {
   if (!r.Get(&count)) return false;
   for (uint32_t k = 0; k < count; ++k) {
     Request q;
-    int32_t op_type, reduce_op;
-    uint32_t ntensors;
-    if (!r.GetString(&q.name) || !r.Get(&q.rank) || !r.Get(&op_type) || !r.Get(&reduce_op) ||
-        !r.Get(&q.prescale) || !r.Get(&q.postscale) || !r.Get(&q.root_rank) ||
-        !r.Get(&ntensors)) {
-      return false;
-    }
-    q.op_type = static_cast<OpType>(op_type);
-    q.reduce_op = static_cast<ReduceOp>(reduce_op);
-    for (uint32_t i = 0; i < ntensors; ++i) {
-      int32_t dtype;
-      uint32_t ndims;
-      if (!r.Get(&dtype) || !r.Get(&ndims)) return false;
-      q.dtypes.push_back(static_cast<DataType>(dtype));
-      Shape shape(ndims);
-      for (uint32_t d = 0; d < ndims; ++d) {
-        if (!r.Get(&shape[d])) return false;
-      }
-      q.shapes.push_back(std::move(shape));
-    }
+    if (!GetRequest(&r, &q)) return false;
     out->push_back(std::move(q));
   }
   return r.done();
@@ -123,6 +150,10 @@ std::string EncodeResponses(const std::vector<Response>& responses) {
     w.Put<int32_t>(static_cast<int32_t>(r.kind));
     w.PutString(r.name);
     w.PutString(r.error);
+    PutRequest(&w, r.agreed);
+    w.Put<uint32_t>(static_cast<uint32_t>(r.sizes.size()));
+    for (int64_t v : r.sizes) w.Put<int64_t>(v);
+    w.Put<int32_t>(r.last_joined_rank);
   }
   return w.Take();
 }
@@ -134,7 +165,11 @@ bool DecodeResponses(const char* data, size_t size, std::vector<Response>* out) 
   for (uint32_t k = 0; k < count; ++k) {
     Response resp;
     int32_t kind;
-    if (!r.Get(&kind) || !r.GetString(&resp.name) || !r.GetString(&resp.error)) return false;
+    if (!r.Get(&kind) || !r.GetString(&resp.name) || !r.GetString(&resp.error) ||
+        !GetRequest(&r, &resp.agreed) || !GetInt64s(&r, &resp.sizes) ||
+        !r.Get(&resp.last_joined_rank)) {
+      return false;
+    }
     resp.kind = static_cast<Response::Kind>(kind);
     out->push_back(std::move(resp));
   }

@@ -22,6 +22,8 @@ struct Request {
   int32_t root_rank = 0;
   std::vector<DataType> dtypes;  // one per tensor
   std::vector<Shape> shapes;     // one per tensor
+  std::vector<int64_t> splits;   // alltoall: rows sent to each rank
+  double age_seconds = 0.0;      // how long the op had waited when sent (not compared)
 
   int64_t TotalBytes() const;
   // True when everything except the sending rank matches: the test the
@@ -34,6 +36,15 @@ struct Response {
   Kind kind = Kind::kOk;
   std::string name;
   std::string error;  // set when kind == kError; identical on every rank
+  // The request every rank agreed on (a submitting rank's; per-rank fields
+  // such as an allgather's first dimension are those of that rank). Ranks
+  // that have joined build their stand-in contribution from it.
+  Request agreed;
+  // Allgather: first dimension of each tensor on each rank, tensor-major
+  // ([t * size + r]). Alltoall: rows sent from rank s to rank d at
+  // [s * size + d].
+  std::vector<int64_t> sizes;
+  int32_t last_joined_rank = -1;  // join: the last rank to join
 };
 
 std::string EncodeRequests(const std::vector<Request>& requests);

@@ -1,6 +1,8 @@
 #include "core/mpi_context.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <string>
 
 #include "core/half.h"
@@ -139,6 +141,105 @@ Status MpiContext::Broadcast(void* buffer, int64_t bytes, int root) const {
     if (rc != MPI_SUCCESS) return MpiError("MPI_Bcast", rc);
   }
   return Status::OK();
+}
+
+namespace {
+
+#if MPI_VERSION >= 4
+constexpr bool kLargeCounts = true;
+#else
+constexpr bool kLargeCounts = false;
+#endif
+
+bool FitsInt(const std::vector<int64_t>& values) {
+  for (int64_t v : values) {
+    if (v > INT32_MAX) return false;
+  }
+  return true;
+}
+
+std::vector<int> ToInts(const std::vector<int64_t>& values) {
+  return std::vector<int>(values.begin(), values.end());
+}
+
+Status TooLarge(const char* what) {
+  return Status::Error(StatusCode::kInvalidArgument,
+                       std::string(what) + " exceeds 2 GiB per rank, which this MPI (no MPI-4 "
+                       "large-count support) cannot move in one call");
+}
+
+}  // namespace
+
+Status MpiContext::Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
+                              const std::vector<int64_t>& recv_bytes,
+                              const std::vector<int64_t>& displs) const {
+  int rc = MPI_SUCCESS;
+  if (FitsInt(recv_bytes) && FitsInt(displs) && send_bytes <= INT32_MAX) {
+    const std::vector<int> counts = ToInts(recv_bytes), offsets = ToInts(displs);
+    rc = MPI_Allgatherv(sendbuf, static_cast<int>(send_bytes), MPI_BYTE, recvbuf, counts.data(),
+                        offsets.data(), MPI_BYTE, comm_);
+  } else if (kLargeCounts) {
+#if MPI_VERSION >= 4
+    const std::vector<MPI_Count> counts(recv_bytes.begin(), recv_bytes.end());
+    const std::vector<MPI_Aint> offsets(displs.begin(), displs.end());
+    rc = MPI_Allgatherv_c(sendbuf, send_bytes, MPI_BYTE, recvbuf, counts.data(), offsets.data(),
+                          MPI_BYTE, comm_);
+#endif
+  } else {
+    return TooLarge("allgather");
+  }
+  return rc == MPI_SUCCESS ? Status::OK() : MpiError("MPI_Allgatherv", rc);
+}
+
+Status MpiContext::Alltoallv(const void* sendbuf, const std::vector<int64_t>& send_bytes,
+                             const std::vector<int64_t>& send_displs, void* recvbuf,
+                             const std::vector<int64_t>& recv_bytes,
+                             const std::vector<int64_t>& recv_displs) const {
+  int rc = MPI_SUCCESS;
+  if (FitsInt(send_bytes) && FitsInt(send_displs) && FitsInt(recv_bytes) &&
+      FitsInt(recv_displs)) {
+    const std::vector<int> sc = ToInts(send_bytes), sd = ToInts(send_displs),
+                           rcnt = ToInts(recv_bytes), rd = ToInts(recv_displs);
+    rc = MPI_Alltoallv(sendbuf, sc.data(), sd.data(), MPI_BYTE, recvbuf, rcnt.data(), rd.data(),
+                       MPI_BYTE, comm_);
+  } else if (kLargeCounts) {
+#if MPI_VERSION >= 4
+    const std::vector<MPI_Count> sc(send_bytes.begin(), send_bytes.end()),
+        rcnt(recv_bytes.begin(), recv_bytes.end());
+    const std::vector<MPI_Aint> sd(send_displs.begin(), send_displs.end()),
+        rd(recv_displs.begin(), recv_displs.end());
+    rc = MPI_Alltoallv_c(sendbuf, sc.data(), sd.data(), MPI_BYTE, recvbuf, rcnt.data(),
+                         rd.data(), MPI_BYTE, comm_);
+#endif
+  } else {
+    return TooLarge("alltoall");
+  }
+  return rc == MPI_SUCCESS ? Status::OK() : MpiError("MPI_Alltoallv", rc);
+}
+
+Status MpiContext::ReduceScatter(const void* sendbuf, void* recvbuf,
+                                 const std::vector<int64_t>& recv_counts, DataType dtype,
+                                 ReduceOp op) const {
+  int rc = MPI_SUCCESS;
+  if (FitsInt(recv_counts)) {
+    const std::vector<int> counts = ToInts(recv_counts);
+    rc = MPI_Reduce_scatter(sendbuf, recvbuf, counts.data(), MpiType(dtype), MpiOp(dtype, op),
+                            comm_);
+  } else if (kLargeCounts) {
+#if MPI_VERSION >= 4
+    const std::vector<MPI_Count> counts(recv_counts.begin(), recv_counts.end());
+    rc = MPI_Reduce_scatter_c(sendbuf, recvbuf, counts.data(), MpiType(dtype), MpiOp(dtype, op),
+                              comm_);
+#endif
+  } else {
+    return TooLarge("reducescatter");
+  }
+  return rc == MPI_SUCCESS ? Status::OK() : MpiError("MPI_Reduce_scatter", rc);
+}
+
+Status MpiContext::Barrier() const {
+  int rc = MPI_Barrier(comm_);
+  return rc == MPI_SUCCESS ? Status::OK() : MpiError("MPI_Barrier", rc);
 }
 
 }  // namespace hvdkeras

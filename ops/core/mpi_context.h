@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/common.h"
 
@@ -26,6 +27,19 @@ class MpiContext {
   Status Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
                    ReduceOp op) const;
   Status Broadcast(void* buffer, int64_t bytes, int root) const;
+  // Byte-level variable-size collectives; counts and displacements in bytes.
+  Status Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
+                    const std::vector<int64_t>& recv_bytes,
+                    const std::vector<int64_t>& displs) const;
+  Status Alltoallv(const void* sendbuf, const std::vector<int64_t>& send_bytes,
+                   const std::vector<int64_t>& send_displs, void* recvbuf,
+                   const std::vector<int64_t>& recv_bytes,
+                   const std::vector<int64_t>& recv_displs) const;
+  // Reduces `sendbuf` across ranks and leaves block r (recv_counts[r]
+  // elements, blocks laid out in rank order) on rank r.
+  Status ReduceScatter(const void* sendbuf, void* recvbuf, const std::vector<int64_t>& recv_counts,
+                       DataType dtype, ReduceOp op) const;
+  Status Barrier() const;
 
  private:
   MPI_Datatype MpiType(DataType dtype) const;

@@ -10,11 +10,12 @@ int ResponseCache::Lookup(const std::string& name) const {
   return it == by_name_.end() ? -1 : it->second;
 }
 
-void ResponseCache::Put(const Request& signature) {
+void ResponseCache::Put(const Request& signature, const Response& response) {
   if (capacity_ == 0) return;
   int slot = Lookup(signature.name);
   if (slot >= 0) {
     slots_[slot].signature = signature;
+    slots_[slot].response = response;
     Touch(slot);
     return;
   }
@@ -23,6 +24,7 @@ void ResponseCache::Put(const Request& signature) {
   Slot& s = slots_[slot];
   s.used = true;
   s.signature = signature;
+  s.response = response;
   lru_.push_front(slot);
   s.lru_position = lru_.begin();
   by_name_[signature.name] = slot;
@@ -41,6 +43,7 @@ void ResponseCache::Erase(int slot) {
   lru_.erase(s.lru_position);
   s.used = false;
   s.signature = Request();
+  s.response = Response();
   free_slots_.push_back(slot);
   std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
 }

@@ -24,10 +24,12 @@ class ResponseCache {
   // Slot of the cached entry with this name, or -1.
   int Lookup(const std::string& name) const;
   const Request& Signature(int slot) const { return slots_[slot].signature; }
+  const Response& CachedResponse(int slot) const { return slots_[slot].response; }
 
-  // Inserts a freshly executed request (or refreshes its entry), evicting the
-  // least recently used entry when full. No-op when the capacity is 0.
-  void Put(const Request& signature);
+  // Inserts a freshly executed request with the response it got (or
+  // refreshes its entry), evicting the least recently used entry when full.
+  // No-op when the capacity is 0.
+  void Put(const Request& signature, const Response& response);
   // Marks a cached entry as just used.
   void Touch(int slot);
   // Removes an entry (it was invalidated by some rank).
@@ -37,6 +39,7 @@ class ResponseCache {
   struct Slot {
     bool used = false;
     Request signature;
+    Response response;
     std::list<int>::iterator lru_position;
   };
 

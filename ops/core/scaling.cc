@@ -1,6 +1,7 @@
 #include "core/scaling.h"
 
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/half.h"
@@ -96,7 +97,32 @@ struct FinalizeFn {
   }
 };
 
+template <typename T>
+struct FillFn {
+  static void Run(ReduceOp op, void* dst, int64_t count) {
+    T element;
+    if constexpr (std::is_integral_v<T>) {
+      element = op == ReduceOp::kMin   ? std::numeric_limits<T>::max()
+                : op == ReduceOp::kMax ? std::numeric_limits<T>::lowest()
+                                       : T{1};
+    } else {  // float, double and the 16-bit floats
+      const double inf = std::numeric_limits<double>::infinity();
+      element = Element<T>::Store(op == ReduceOp::kMin ? inf : op == ReduceOp::kMax ? -inf : 1.0);
+    }
+    T* out = static_cast<T*>(dst);
+    for (int64_t i = 0; i < count; ++i) out[i] = element;
+  }
+};
+
 }  // namespace
+
+void FillNeutral(DataType dtype, ReduceOp op, void* dst, int64_t count) {
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
+    std::memset(dst, 0, count * DataTypeSize(dtype));
+    return;
+  }
+  Dispatch<FillFn>(dtype, op, dst, count);
+}
 
 void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double factor) {
   if (factor == 1.0) {

@@ -18,4 +18,9 @@ void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double
 void FinalizeCopy(DataType dtype, const void* src, void* dst, int64_t count, int divisor,
                   double factor);
 
+// Fills `count` elements with the neutral element of `op` (0 for Sum and
+// Average, 1 for Product, the largest value for Min, the lowest for Max): the
+// contribution of a rank that has joined.
+void FillNeutral(DataType dtype, ReduceOp op, void* dst, int64_t count);
+
 }  // namespace hvdkeras

@@ -63,6 +63,30 @@ absl::Status PrepareTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRe
   return absl::OkStatus();
 }
 
+// Builds the engine's view of input i whose output i is allocated only once
+// the engine knows its shape (allgather, alltoall, reducescatter).
+absl::Status PrepareLazyTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) {
+  const tf::Tensor& input = ctx->input(i);
+  TensorRef ref;
+  if (!ToEngineType(input.dtype(), &ref.dtype)) {
+    return absl::InvalidArgumentError("hvdkeras: unsupported dtype " +
+                                      tf::DataTypeString(input.dtype()));
+  }
+  ref.input = input.tensor_data().data();
+  for (int d = 0; d < input.dims(); ++d) ref.shape.push_back(input.dim_size(d));
+  ref.allocate_output = [ctx, i](const Shape& shape, void** data) {
+    tf::TensorShape tf_shape;
+    for (int64_t d : shape) tf_shape.AddDim(d);
+    tf::Tensor* output = nullptr;
+    absl::Status s = ctx->allocate_output(i, tf_shape, &output);
+    if (!s.ok()) return Status::Error(StatusCode::kUnknown, std::string(s.message()));
+    *data = const_cast<char*>(output->tensor_data().data());
+    return Status::OK();
+  };
+  refs->push_back(std::move(ref));
+  return absl::OkStatus();
+}
+
 class CollectiveKernel : public tf::AsyncOpKernel {
  public:
   explicit CollectiveKernel(tf::OpKernelConstruction* c) : tf::AsyncOpKernel(c) {
@@ -72,14 +96,16 @@ class CollectiveKernel : public tf::AsyncOpKernel {
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     std::vector<TensorRef> refs;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
-      OP_REQUIRES_OK_ASYNC(ctx, PrepareTensor(ctx, i, &refs), done);
+    for (int i = 0; i < num_data_inputs(ctx); ++i) {
+      OP_REQUIRES_OK_ASYNC(
+          ctx, lazy_outputs() ? PrepareLazyTensor(ctx, i, &refs) : PrepareTensor(ctx, i, &refs),
+          done);
     }
     hvdkeras::DoneCallback finish = [ctx, done](const Status& status) {
       if (!status.ok()) ctx->SetStatus(ToTfStatus(status));
       done();
     };
-    const Status queued = Submit(std::move(refs), std::move(finish));
+    const Status queued = Submit(ctx, std::move(refs), std::move(finish));
     if (!queued.ok()) {
       ctx->SetStatus(ToTfStatus(queued));
       done();
@@ -87,7 +113,12 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   }
 
  protected:
-  virtual Status Submit(std::vector<TensorRef> refs, hvdkeras::DoneCallback finish) = 0;
+  virtual Status Submit(tf::OpKernelContext* ctx, std::vector<TensorRef> refs,
+                        hvdkeras::DoneCallback finish) = 0;
+  // Whether outputs are allocated after negotiation instead of up front.
+  virtual bool lazy_outputs() const { return false; }
+  // How many leading inputs are data tensors (the rest are parameters).
+  virtual int num_data_inputs(tf::OpKernelContext* ctx) const { return ctx->num_inputs(); }
   std::string tensor_name_;
 };
 
@@ -105,10 +136,14 @@ class AllreduceKernel : public CollectiveKernel {
   }
 
  protected:
-  Status Submit(std::vector<TensorRef> refs, hvdkeras::DoneCallback finish) override {
+  Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
+                hvdkeras::DoneCallback finish) override {
     return EnqueueAllreduce(tensor_name_, std::move(refs), reduce_op_, prescale_, postscale_,
                             std::move(finish));
   }
+  ReduceOp reduce_op() const { return reduce_op_; }
+  double prescale() const { return prescale_; }
+  double postscale() const { return postscale_; }
 
  private:
   ReduceOp reduce_op_ = ReduceOp::kSum;
@@ -123,12 +158,93 @@ class BroadcastKernel : public CollectiveKernel {
   }
 
  protected:
-  Status Submit(std::vector<TensorRef> refs, hvdkeras::DoneCallback finish) override {
+  Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
+                hvdkeras::DoneCallback finish) override {
     return EnqueueBroadcast(tensor_name_, std::move(refs), root_rank_, std::move(finish));
   }
 
  private:
   int root_rank_ = 0;
+};
+
+class AllgatherKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+ protected:
+  bool lazy_outputs() const override { return true; }
+  Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
+                hvdkeras::DoneCallback finish) override {
+    return EnqueueAllgather(tensor_name_, std::move(refs), std::move(finish));
+  }
+};
+
+class ReducescatterKernel : public AllreduceKernel {
+ public:
+  using AllreduceKernel::AllreduceKernel;
+
+ protected:
+  bool lazy_outputs() const override { return true; }
+  Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
+                hvdkeras::DoneCallback finish) override {
+    return EnqueueReducescatter(tensor_name_, std::move(refs), reduce_op(), prescale(),
+                                postscale(), std::move(finish));
+  }
+};
+
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+ protected:
+  bool lazy_outputs() const override { return true; }
+  int num_data_inputs(tf::OpKernelContext*) const override { return 1; }
+  Status Submit(tf::OpKernelContext* ctx, std::vector<TensorRef> refs,
+                hvdkeras::DoneCallback finish) override {
+    const tf::Tensor& splits_tensor = ctx->input(1);
+    std::vector<int64_t> splits;
+    auto flat = splits_tensor.flat<int64_t>();
+    for (int64_t i = 0; i < flat.size(); ++i) splits.push_back(flat(i));
+    refs[0].receive_splits = [ctx](const std::vector<int64_t>& received) {
+      tf::Tensor* out = nullptr;
+      absl::Status s = ctx->allocate_output(
+          1, tf::TensorShape({static_cast<int64_t>(received.size())}), &out);
+      if (!s.ok()) {
+        ctx->SetStatus(s);
+        return;
+      }
+      auto values = out->flat<int64_t>();
+      for (size_t i = 0; i < received.size(); ++i) values(i) = received[i];
+    };
+    return EnqueueAlltoall(tensor_name_, std::move(refs[0]), std::move(splits), std::move(finish));
+  }
+};
+
+class BarrierKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+ protected:
+  Status Submit(tf::OpKernelContext*, std::vector<TensorRef>,
+                hvdkeras::DoneCallback finish) override {
+    return EnqueueBarrier(tensor_name_, std::move(finish));
+  }
+};
+
+class JoinKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+ protected:
+  Status Submit(tf::OpKernelContext* ctx, std::vector<TensorRef>,
+                hvdkeras::DoneCallback finish) override {
+    tf::Tensor* out = nullptr;
+    absl::Status s = ctx->allocate_output(0, tf::TensorShape({}), &out);
+    if (!s.ok()) return Status::Error(StatusCode::kUnknown, std::string(s.message()));
+    int32_t* result = out->flat<int32_t>().data();
+    *result = -1;
+    return EnqueueJoin(tensor_name_, result, std::move(finish));
+  }
 };
 
 absl::Status PassThroughShapes(tf::shape_inference::InferenceContext* c) {
@@ -162,6 +278,82 @@ REGISTER_OP("HvdkerasBroadcast")
     .SetShapeFn(hvdkeras::PassThroughShapes)
     .Doc("Copies tensors from root_rank to every rank.");
 
+// Output shapes with an unknown first dimension (decided by negotiation).
+static absl::Status UnknownFirstDim(tf::shape_inference::InferenceContext* c, int num_outputs) {
+  for (int i = 0; i < num_outputs; ++i) {
+    tf::shape_inference::ShapeHandle out = c->input(i);
+    if (c->RankKnown(out) && c->Rank(out) > 0) {
+      TF_RETURN_IF_ERROR(c->ReplaceDim(out, 0, c->UnknownDim(), &out));
+    }
+    c->set_output(i, out);
+  }
+  return absl::OkStatus();
+}
+
+REGISTER_OP("HvdkerasAllgather")
+    .Attr("T: {uint8, int8, int32, int64, half, bfloat16, float, double, bool, uint16, int16, "
+          "uint32, uint64}")
+    .Attr("N: int >= 1")
+    .Attr("tensor_name: string = ''")
+    .Input("tensors: N * T")
+    .Output("outputs: N * T")
+    .SetShapeFn([](tf::shape_inference::InferenceContext* c) {
+      return UnknownFirstDim(c, c->num_inputs());
+    })
+    .Doc("Concatenates each tensor's rows from every rank, in rank order.");
+
+REGISTER_OP("HvdkerasReducescatter")
+    .Attr("T: {uint8, int8, int32, int64, half, bfloat16, float, double}")
+    .Attr("N: int >= 1")
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Attr("tensor_name: string = ''")
+    .Input("tensors: N * T")
+    .Output("outputs: N * T")
+    .SetShapeFn([](tf::shape_inference::InferenceContext* c) {
+      return UnknownFirstDim(c, c->num_inputs());
+    })
+    .Doc("Reduces tensors across ranks; each rank keeps its block of rows.");
+
+REGISTER_OP("HvdkerasAlltoall")
+    .Attr("T: {uint8, int8, int32, int64, half, bfloat16, float, double, bool, uint16, int16, "
+          "uint32, uint64}")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Input("splits: int64")
+    .Output("output: T")
+    .Output("received_splits: int64")
+    .SetShapeFn([](tf::shape_inference::InferenceContext* c) {
+      TF_RETURN_IF_ERROR(UnknownFirstDim(c, 1));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Sends splits[r] rows to rank r and concatenates what arrives, in rank order.");
+
+REGISTER_OP("HvdkerasBarrier")
+    .Attr("tensor_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(tf::shape_inference::NoOutputs)
+    .Doc("Completes once every rank has reached it.");
+
+REGISTER_OP("HvdkerasJoin")
+    .Attr("tensor_name: string = ''")
+    .Output("last_joined_rank: int32")
+    .SetIsStateful()
+    .SetShapeFn(tf::shape_inference::ScalarShape)
+    .Doc("Takes part in other ranks' collectives with neutral values until all ranks join.");
+
+REGISTER_KERNEL_BUILDER(Name("HvdkerasAllgather").Device(tensorflow::DEVICE_CPU),
+                        hvdkeras::AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasReducescatter").Device(tensorflow::DEVICE_CPU),
+                        hvdkeras::ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasAlltoall").Device(tensorflow::DEVICE_CPU),
+                        hvdkeras::AlltoallKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasBarrier").Device(tensorflow::DEVICE_CPU),
+                        hvdkeras::BarrierKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasJoin").Device(tensorflow::DEVICE_CPU),
+                        hvdkeras::JoinKernel);
 REGISTER_KERNEL_BUILDER(Name("HvdkerasAllreduce").Device(tensorflow::DEVICE_CPU),
                         hvdkeras::AllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("HvdkerasBroadcast").Device(tensorflow::DEVICE_CPU),

@@ -1,0 +1,57 @@
+"""Pure synchronisation: barrier and join."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import tensorflow as tf
+
+from hvdkeras import _library, basics
+from hvdkeras.collectives import _names
+
+JOIN_NAME = "hvdkeras.join"
+
+
+def barrier(name: Optional[str] = None) -> None:
+    """Blocks until every rank has called `barrier` (with the same name).
+
+    Args:
+        name: Name that matches this call across ranks.
+
+    Example:
+
+    ```python
+    if hvd.rank() == 0:
+        prepare_files()
+    hvd.barrier()
+    ```
+    """
+    basics._require()
+    op_name, tensor_name = _names(name, "HvdkerasBarrier")
+    _library.ops().hvdkeras_barrier(tensor_name=tensor_name, name=op_name)
+
+
+def join() -> Union[int, tf.Tensor]:
+    """Declares that this rank has no more data, and waits for the others.
+
+    For uneven data: a rank that runs out of batches calls `join()`; until
+    every rank has joined, it takes part in the other ranks' collectives with
+    neutral contributions (zeros for Sum/Average, so averages still divide by
+    the full world size; no rows for allgather; the identity for
+    Min/Max/Product), so they can finish their remaining steps.
+
+    Returns:
+        The rank that joined last (a Python int eagerly, a tensor in a graph).
+
+    Example:
+
+    ```python
+    for batch in my_shard:          # shards of different lengths
+        train_step(batch)
+    last = hvd.join()
+    ```
+    """
+    basics._require()
+    # One fixed name: every rank's join is the same collective, eager or not.
+    result = _library.ops().hvdkeras_join(tensor_name=JOIN_NAME, name="HvdkerasJoin")
+    return int(result.numpy()) if tf.executing_eagerly() else result

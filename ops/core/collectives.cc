@@ -1,0 +1,140 @@
+// Allreduce and broadcast execution, and the timeline activity helper.
+#include "core/collectives.h"
+
+#include <cstring>
+
+#include "core/scaling.h"
+
+namespace hvdkeras {
+
+namespace {
+
+int64_t TensorBytes(const TensorRef& t) {
+  return NumElements(t.shape) * static_cast<int64_t>(DataTypeSize(t.dtype));
+}
+
+bool IsSingleTensor(const std::vector<PendingOp*>& batch) {
+  return batch.size() == 1 && batch[0]->tensors.size() == 1;
+}
+
+}  // namespace
+
+Activity::Activity(ExecContext& ctx, const std::vector<PendingOp*>& batch, const char* name)
+    : timeline_(ctx.timeline), batch_(batch) {
+  if (!timeline_) return;
+  for (PendingOp* op : batch_) timeline_->ActivityStart(op->request.name, name);
+}
+
+Activity::~Activity() {
+  if (!timeline_) return;
+  for (PendingOp* op : batch_) timeline_->ActivityEnd(op->request.name);
+}
+
+Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  const Request& first = batch[0]->request;
+  const DataType dtype = first.dtypes[0];
+  const int divisor = first.reduce_op == ReduceOp::kAverage ? ctx.mpi.size() : 1;
+  const size_t element = DataTypeSize(dtype);
+
+  if (IsSingleTensor(batch)) {
+    // A lone tensor is reduced straight into its output: no fusion buffer.
+    const TensorRef& t = batch[0]->tensors[0];
+    const int64_t n = NumElements(t.shape);
+    const void* send = t.input == t.output ? nullptr : t.input;
+    if (first.prescale != 1.0) {
+      Activity scale(ctx, batch, "PRESCALE");
+      ScaleCopy(dtype, t.input, t.output, n, first.prescale);
+      send = nullptr;
+    }
+    {
+      Activity mpi(ctx, batch, "MPI_ALLREDUCE");
+      Status s = ctx.mpi.Allreduce(send, t.output, n, dtype, first.reduce_op);
+      if (!s.ok()) return s;
+    }
+    if (divisor != 1 || first.postscale != 1.0) {
+      Activity scale(ctx, batch, "POSTSCALE");
+      FinalizeCopy(dtype, t.output, t.output, n, divisor, first.postscale);
+    }
+    return Status::OK();
+  }
+
+  int64_t total = 0;
+  for (PendingOp* op : batch) {
+    for (const TensorRef& t : op->tensors) total += NumElements(t.shape);
+  }
+  char* buffer = ctx.buffer.Get(total * element);
+  {
+    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
+    int64_t offset = 0;
+    for (PendingOp* op : batch) {
+      for (const TensorRef& t : op->tensors) {
+        const int64_t n = NumElements(t.shape);
+        ScaleCopy(dtype, t.input, buffer + offset * element, n, first.prescale);
+        offset += n;
+      }
+    }
+  }
+  {
+    Activity mpi(ctx, batch, "MPI_ALLREDUCE");
+    Status s = ctx.mpi.Allreduce(nullptr, buffer, total, dtype, first.reduce_op);
+    if (!s.ok()) return s;
+  }
+  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+  int64_t offset = 0;
+  for (PendingOp* op : batch) {
+    for (const TensorRef& t : op->tensors) {
+      const int64_t n = NumElements(t.shape);
+      FinalizeCopy(dtype, buffer + offset * element, t.output, n, divisor, first.postscale);
+      offset += n;
+    }
+  }
+  return Status::OK();
+}
+
+Status RunBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  const int root = batch[0]->request.root_rank;
+  const bool is_root = ctx.mpi.rank() == root;
+  if (is_root) {  // the root's outputs are its inputs
+    for (PendingOp* op : batch) {
+      for (const TensorRef& t : op->tensors) {
+        if (t.input != t.output) std::memcpy(t.output, t.input, TensorBytes(t));
+      }
+    }
+  }
+  if (IsSingleTensor(batch)) {
+    const TensorRef& t = batch[0]->tensors[0];
+    Activity mpi(ctx, batch, "MPI_BCAST");
+    return ctx.mpi.Broadcast(t.output, TensorBytes(t), root);
+  }
+  int64_t total = 0;
+  for (PendingOp* op : batch) {
+    for (const TensorRef& t : op->tensors) total += TensorBytes(t);
+  }
+  char* buffer = ctx.buffer.Get(total);
+  if (is_root) {
+    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
+    int64_t offset = 0;
+    for (PendingOp* op : batch) {
+      for (const TensorRef& t : op->tensors) {
+        std::memcpy(buffer + offset, t.input, TensorBytes(t));
+        offset += TensorBytes(t);
+      }
+    }
+  }
+  {
+    Activity mpi(ctx, batch, "MPI_BCAST");
+    Status s = ctx.mpi.Broadcast(buffer, total, root);
+    if (!s.ok() || is_root) return s;
+  }
+  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+  int64_t offset = 0;
+  for (PendingOp* op : batch) {
+    for (const TensorRef& t : op->tensors) {
+      std::memcpy(t.output, buffer + offset, TensorBytes(t));
+      offset += TensorBytes(t);
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace hvdkeras
