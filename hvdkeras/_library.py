@@ -28,6 +28,10 @@ def _bind_c_api(lib: ctypes.CDLL) -> None:
         ctypes.c_double,  # stall shutdown seconds
         ctypes.c_char_p,  # timeline path
         ctypes.c_int,  # timeline: mark cycles
+        ctypes.c_int,  # autotune
+        ctypes.c_int,  # autotune: threshold fixed
+        ctypes.c_int,  # autotune: cycle time fixed
+        ctypes.c_char_p,  # autotune log
         ctypes.c_char_p,  # error buffer
         ctypes.c_int,  # its capacity
     ]
@@ -38,6 +42,9 @@ def _bind_c_api(lib: ctypes.CDLL) -> None:
     lib.hvdkeras_engine_running.restype = ctypes.c_int
     lib.hvdkeras_set_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.hvdkeras_set_timeline.restype = None
+    lib.hvdkeras_current_params.argtypes = [ctypes.POINTER(ctypes.c_int64),
+                                            ctypes.POINTER(ctypes.c_double)]
+    lib.hvdkeras_current_params.restype = None
     lib.hvdkeras_build_flavor.argtypes = []
     lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
 

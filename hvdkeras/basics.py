@@ -100,7 +100,9 @@ def init(comm: Any = None) -> None:
     rc = lib.hvdkeras_engine_start(
         engine_comm.py2f(), config.fusion_threshold, config.cycle_time_ms,
         config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds,
-        config.timeline_path.encode(), int(config.timeline_mark_cycles), error, len(error),
+        config.timeline_path.encode(), int(config.timeline_mark_cycles), int(config.autotune),
+        int(config.fusion_threshold_fixed), int(config.cycle_time_fixed),
+        config.autotune_log.encode(), error, len(error),
     )
     if rc != 0:
         for c in (cross_comm, local_comm, engine_comm):
@@ -221,5 +223,20 @@ def stop_timeline() -> None:
 
 
 def engine_config() -> EngineConfig:
-    """The knobs the running engine was started with."""
-    return _require().config
+    """The knobs the running engine uses (tuned values under autotune).
+
+    Returns:
+        An `EngineConfig`; `fusion_threshold` and `cycle_time_ms` are read
+        from the engine, so they show what autotune has chosen so far.
+
+    Example:
+
+    ```python
+    print(hvd.engine_config().fusion_threshold)
+    ```
+    """
+    config = _require().config
+    threshold, cycle = ctypes.c_int64(), ctypes.c_double()
+    _library.c_api().hvdkeras_current_params(ctypes.byref(threshold), ctypes.byref(cycle))
+    return dataclasses.replace(config, fusion_threshold=threshold.value,
+                               cycle_time_ms=cycle.value)

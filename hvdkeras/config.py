@@ -18,6 +18,8 @@ STALL_CHECK_DISABLE = "HVDKERAS_STALL_CHECK_DISABLE"
 STALL_SHUTDOWN_SECONDS = "HVDKERAS_STALL_SHUTDOWN_SECONDS"
 TIMELINE = "HVDKERAS_TIMELINE"
 TIMELINE_MARK_CYCLES = "HVDKERAS_TIMELINE_MARK_CYCLES"
+AUTOTUNE = "HVDKERAS_AUTOTUNE"
+AUTOTUNE_LOG = "HVDKERAS_AUTOTUNE_LOG"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +38,11 @@ class EngineConfig:
             the ranks that submitted them (0: they wait forever).
         timeline_path: Rank 0 writes a Chrome trace here ("" for none).
         timeline_mark_cycles: Add a marker for every engine cycle.
+        autotune: Tune the fusion threshold and cycle time online; a knob set
+            explicitly in the environment keeps its value.
+        autotune_log: Rank 0 writes one CSV row per autotune trial here.
+        fusion_threshold_fixed: Whether the user set the fusion threshold.
+        cycle_time_fixed: Whether the user set the cycle time.
     """
 
     fusion_threshold: int = 64 * 1024 * 1024
@@ -45,6 +52,10 @@ class EngineConfig:
     stall_shutdown_seconds: float = 0.0
     timeline_path: str = ""
     timeline_mark_cycles: bool = False
+    autotune: bool = False
+    autotune_log: str = ""
+    fusion_threshold_fixed: bool = False
+    cycle_time_fixed: bool = False
 
 
 def _parse_int(env: Mapping[str, str], key: str, default: int, minimum: int) -> int:
@@ -132,4 +143,8 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
                                               defaults.stall_shutdown_seconds),
         timeline_path=env.get(TIMELINE, "").strip(),
         timeline_mark_cycles=_parse_bool(env, TIMELINE_MARK_CYCLES),
+        autotune=_parse_bool(env, AUTOTUNE),
+        autotune_log=env.get(AUTOTUNE_LOG, "").strip(),
+        fusion_threshold_fixed=bool(env.get(FUSION_THRESHOLD, "").strip()),
+        cycle_time_fixed=bool(env.get(CYCLE_TIME, "").strip()),
     )

@@ -25,7 +25,9 @@ extern "C" {
 int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cycle_time_ms,
                           int cache_capacity, double stall_check_seconds,
                           double stall_shutdown_seconds, const char* timeline_path,
-                          int timeline_mark_cycles, char* error, int error_capacity) {
+                          int timeline_mark_cycles, int autotune, int autotune_threshold_fixed,
+                          int autotune_cycle_time_fixed, const char* autotune_log, char* error,
+                          int error_capacity) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -41,6 +43,10 @@ int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cyc
   config.stall_shutdown_seconds = stall_shutdown_seconds;
   config.timeline_path = timeline_path ? timeline_path : "";
   config.timeline_mark_cycles = timeline_mark_cycles != 0;
+  config.autotune = autotune != 0;
+  config.autotune_threshold_fixed = autotune_threshold_fixed != 0;
+  config.autotune_cycle_time_fixed = autotune_cycle_time_fixed != 0;
+  config.autotune_log = autotune_log ? autotune_log : "";
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
   hvdkeras::Status s = hvdkeras::Engine::Instance().Start(comm, config);
   if (!s.ok()) {
@@ -57,6 +63,11 @@ int hvdkeras_engine_running() { return hvdkeras::Engine::Instance().running() ? 
 // Starts tracing to `path` (rank 0 writes), or stops it when path is empty.
 void hvdkeras_set_timeline(const char* path, int mark_cycles) {
   hvdkeras::Engine::Instance().SetTimeline(path ? path : "", mark_cycles != 0);
+}
+
+// The fusion threshold and cycle time in use (they change under autotune).
+void hvdkeras_current_params(int64_t* fusion_threshold, double* cycle_time_ms) {
+  hvdkeras::Engine::Instance().CurrentParams(fusion_threshold, cycle_time_ms);
 }
 
 // What the library was built with, for `hvdkeras check`.

@@ -22,6 +22,7 @@ constexpr uint64_t kNoShutdownRequest = 2;
 constexpr uint64_t kNoJoinedRank = 4;
 constexpr uint64_t kNoTimeline = 8;          // only rank 0 clears it
 constexpr uint64_t kNoCoordinatorNews = 16;  // only rank 0 clears it
+constexpr uint64_t kNoParamUpdate = 32;      // only rank 0 clears it
 
 // After this many cycles in a row without progress while ops wait on other
 // ranks, the engine naps between cycles instead of cycling back to back.
@@ -110,6 +111,8 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   }
   if (thread_.joinable()) thread_.join();
   config_ = config;
+  current_threshold_ = config.fusion_threshold;
+  current_cycle_time_ms_ = config.cycle_time_ms;
   Status s = mpi_.Open(comm);
   if (!s.ok()) return s;
   pending_.clear();
@@ -124,6 +127,21 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   timeline_request_path_ = config.timeline_path;
   timeline_request_mark_cycles_ = config.timeline_mark_cycles;
   last_stall_check_ = Clock::now();
+  tuner_.reset();
+  params_changed_ = false;
+  if (config.autotune && mpi_.rank() == 0) {
+    const TuningParams start{config.fusion_threshold, config.cycle_time_ms};
+    tuner_.reset(new Autotuner(start, config.autotune_threshold_fixed,
+                               config.autotune_cycle_time_fixed));
+    params_changed_ = !(tuner_->current() == start);
+    if (!config.autotune_log.empty()) {
+      if (FILE* f = std::fopen(config.autotune_log.c_str(), "w")) {
+        std::fprintf(f, "trial,fusion_threshold_bytes,cycle_time_ms,score_bytes_per_second,"
+                        "best_so_far,final\n");
+        std::fclose(f);
+      }
+    }
+  }
   shutdown_requested_ = false;
   state_ = State::kRunning;
   thread_ = std::thread([this] { Loop(); });
@@ -243,6 +261,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   if (joined_) bits[0] &= ~kNoJoinedRank;
   if (timeline_.active()) bits[0] &= ~kNoTimeline;
   if (coordinator_ && coordinator_->has_ready()) bits[0] &= ~kNoCoordinatorNews;
+  if (params_changed_) bits[0] &= ~kNoParamUpdate;
   for (size_t w = 0; w < words; ++w) bits[1 + words + w] = ~uint64_t{0};
   for (const auto& op : pending_) {
     if (op->sent) continue;
@@ -264,6 +283,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
     return false;
   }
   if (!(bits[0] & kNoShutdownRequest)) return false;
+  if (!(bits[0] & kNoParamUpdate)) AgreeOnParams();
   const bool joined_anywhere = !(bits[0] & kNoJoinedRank);
   const bool tracing = !(bits[0] & kNoTimeline);
 
@@ -316,6 +336,11 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   RecordNegotiation(ready, cached_count, tracing);
 
   const std::vector<Status> statuses = Execute(ready);
+  if (tuner_) {
+    int64_t bytes = 0;
+    for (PendingOp* op : ready) bytes += op->request.TotalBytes();
+    Autotune(bytes);
+  }
   for (size_t i = 0; i < ready.size(); ++i) {
     if (ready[i]->done) results.emplace_back(ready[i], statuses[i]);
   }
@@ -324,6 +349,41 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   Finish(std::move(results));
   if (timeline_.active()) timeline_.Flush();
   return true;
+}
+
+void Engine::AgreeOnParams() {
+  // Rank 0 hands out new tuning values; every rank applies them in this same
+  // cycle, so fusion plans stay identical.
+  struct {
+    int64_t threshold;
+    double cycle_time_ms;
+  } values{config_.fusion_threshold, config_.cycle_time_ms};
+  if (tuner_) values = {tuner_->current().fusion_threshold, tuner_->current().cycle_time_ms};
+  MPI_Bcast(&values, sizeof(values), MPI_BYTE, 0, mpi_.comm());
+  config_.fusion_threshold = values.threshold;
+  config_.cycle_time_ms = values.cycle_time_ms;
+  current_threshold_ = values.threshold;
+  current_cycle_time_ms_ = values.cycle_time_ms;
+  params_changed_ = false;
+}
+
+void Engine::Autotune(int64_t bytes) {
+  const bool was_done = tuner_->done();
+  if (tuner_->RecordCycle(bytes, Clock::now())) params_changed_ = true;
+  const std::vector<TrialResult> trials = tuner_->TakeFinishedTrials();
+  if (trials.empty() || config_.autotune_log.empty()) return;
+  FILE* f = std::fopen(config_.autotune_log.c_str(), "a");
+  if (!f) return;
+  for (const TrialResult& t : trials) {
+    std::fprintf(f, "%d,%lld,%g,%.6g,%d,0\n", t.trial,
+                 static_cast<long long>(t.params.fusion_threshold), t.params.cycle_time_ms,
+                 t.score, t.best_so_far ? 1 : 0);
+  }
+  if (!was_done && tuner_->done()) {
+    std::fprintf(f, "final,%lld,%g,,,1\n", static_cast<long long>(tuner_->current().fusion_threshold),
+                 tuner_->current().cycle_time_ms);
+  }
+  std::fclose(f);
 }
 
 void Engine::Classify(Clock::time_point now) {

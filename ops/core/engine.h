@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/autotuner.h"
 #include "core/collectives.h"
 #include "core/coordinator.h"
 #include "core/engine_api.h"
@@ -36,6 +38,10 @@ struct EngineConfig {
   double stall_shutdown_seconds = 0.0;           // 0: stalled ops wait forever
   std::string timeline_path;                     // rank 0 traces when set
   bool timeline_mark_cycles = false;
+  bool autotune = false;                         // tune threshold and cycle time
+  bool autotune_threshold_fixed = false;         // the user set it: keep it
+  bool autotune_cycle_time_fixed = false;
+  std::string autotune_log;                      // CSV of trials (rank 0)
 };
 
 class Engine {
@@ -54,6 +60,12 @@ class Engine {
   int size() const { return mpi_.size(); }
 
   Status Enqueue(std::unique_ptr<PendingOp> op);
+
+  // The fusion threshold and cycle time in use (autotune changes them).
+  void CurrentParams(int64_t* fusion_threshold, double* cycle_time_ms) const {
+    *fusion_threshold = current_threshold_.load();
+    *cycle_time_ms = current_cycle_time_ms_.load();
+  }
 
   // Starts (path non-empty) or stops tracing; takes effect at the next cycle.
   // Only rank 0 writes a trace.
@@ -78,6 +90,8 @@ class Engine {
   void Finish(std::vector<std::pair<PendingOp*, Status>> results);
   void FailEverything(const std::string& why);
   void ApplyTimelineRequest();
+  void AgreeOnParams();
+  void Autotune(int64_t bytes);
 
   // Shared with submitting threads, guarded by mu_.
   std::mutex mu_;
@@ -104,6 +118,10 @@ class Engine {
   FusionBuffer fusion_buffer_;
   Timeline timeline_;
   std::chrono::steady_clock::time_point last_stall_check_;
+  std::unique_ptr<Autotuner> tuner_;  // rank 0, when autotuning
+  bool params_changed_ = false;       // rank 0 has new values to hand out
+  std::atomic<int64_t> current_threshold_{0};
+  std::atomic<double> current_cycle_time_ms_{0.0};
 };
 
 }  // namespace hvdkeras
