@@ -21,6 +21,12 @@ TIMELINE_MARK_CYCLES = "HVDKERAS_TIMELINE_MARK_CYCLES"
 AUTOTUNE = "HVDKERAS_AUTOTUNE"
 AUTOTUNE_LOG = "HVDKERAS_AUTOTUNE_LOG"
 
+# Upper bounds: what the engine can represent, with room to spare.
+MAX_FUSION_THRESHOLD = 1 << 40  # 1 TiB
+MAX_CACHE_CAPACITY = 1 << 20
+MAX_CYCLE_TIME_MS = 60_000.0
+MAX_SECONDS = 7 * 24 * 3600.0
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -58,7 +64,8 @@ class EngineConfig:
     cycle_time_fixed: bool = False
 
 
-def _parse_int(env: Mapping[str, str], key: str, default: int, minimum: int) -> int:
+def _parse_int(env: Mapping[str, str], key: str, default: int, minimum: int,
+               maximum: int) -> int:
     raw = env.get(key, "").strip()
     if not raw:
         return default
@@ -69,12 +76,14 @@ def _parse_int(env: Mapping[str, str], key: str, default: int, minimum: int) -> 
             f"{key}={raw!r} is not a whole number; set it to an integer >= {minimum} "
             f"or unset it to use the default ({default})."
         ) from None
-    if value < minimum:
-        raise ValueError(f"{key}={raw!r} must be >= {minimum} (default {default}).")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{key}={raw!r} must be >= {minimum} and <= {maximum} "
+                         f"(default {default}).")
     return value
 
 
-def _parse_float(env: Mapping[str, str], key: str, default: float, minimum: float) -> float:
+def _parse_float(env: Mapping[str, str], key: str, default: float, minimum: float,
+                 maximum: float) -> float:
     raw = env.get(key, "").strip()
     if not raw:
         return default
@@ -85,8 +94,9 @@ def _parse_float(env: Mapping[str, str], key: str, default: float, minimum: floa
             f"{key}={raw!r} is not a number; set it to a value > {minimum} "
             f"or unset it to use the default ({default})."
         ) from None
-    if not value > minimum or value != value:
-        raise ValueError(f"{key}={raw!r} must be a number > {minimum} (default {default}).")
+    if not minimum < value <= maximum:  # also rejects nan
+        raise ValueError(f"{key}={raw!r} must be a number > {minimum} and <= {maximum} "
+                         f"(default {default}).")
     return value
 
 
@@ -98,9 +108,9 @@ def _parse_seconds(env: Mapping[str, str], key: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value >= 0:
-        raise ValueError(f"{key}={raw!r} must be a number of seconds >= 0 (0 turns it off; "
-                         f"default {default}).")
+    if not 0 <= value <= MAX_SECONDS:  # also rejects nan and inf
+        raise ValueError(f"{key}={raw!r} must be a number of seconds >= 0 and <= "
+                         f"{MAX_SECONDS:g}; 0 turns it off (default {default}).")
     return value
 
 
@@ -132,13 +142,16 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
     """
     env = os.environ if env is None else env
     defaults = EngineConfig()
+    stall_check_seconds = _parse_seconds(env, STALL_CHECK_SECONDS, defaults.stall_check_seconds)
+    stall_check_disabled = _parse_bool(env, STALL_CHECK_DISABLE)
     return EngineConfig(
-        fusion_threshold=_parse_int(env, FUSION_THRESHOLD, defaults.fusion_threshold, 0),
-        cycle_time_ms=_parse_float(env, CYCLE_TIME, defaults.cycle_time_ms, 0.0),
-        cache_capacity=_parse_int(env, CACHE_CAPACITY, defaults.cache_capacity, 0),
-        stall_check_seconds=(0.0 if _parse_bool(env, STALL_CHECK_DISABLE) else
-                             _parse_seconds(env, STALL_CHECK_SECONDS,
-                                            defaults.stall_check_seconds)),
+        fusion_threshold=_parse_int(env, FUSION_THRESHOLD, defaults.fusion_threshold, 0,
+                                    MAX_FUSION_THRESHOLD),
+        cycle_time_ms=_parse_float(env, CYCLE_TIME, defaults.cycle_time_ms, 0.0,
+                                   MAX_CYCLE_TIME_MS),
+        cache_capacity=_parse_int(env, CACHE_CAPACITY, defaults.cache_capacity, 0,
+                                  MAX_CACHE_CAPACITY),
+        stall_check_seconds=(0.0 if stall_check_disabled else stall_check_seconds),
         stall_shutdown_seconds=_parse_seconds(env, STALL_SHUTDOWN_SECONDS,
                                               defaults.stall_shutdown_seconds),
         timeline_path=env.get(TIMELINE, "").strip(),

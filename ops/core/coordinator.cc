@@ -48,7 +48,7 @@ bool AllSame(const std::vector<Request>& requests, const Describe& describe) {
 
 std::string FormatDouble(double v) {
   std::ostringstream out;
-  out.precision(9);
+  out.precision(17);  // round-trips a double: equal text means equal values
   out << v;
   return out.str();
 }
@@ -165,6 +165,10 @@ std::string ValidateRequests(const std::vector<Request>& submitted, int world_si
     case OpType::kAlltoall:
       for (const Request& r : submitted) {
         const std::string rank = "rank " + std::to_string(r.rank);
+        if (r.shapes.size() != 1) {
+          return "Invalid " + what + ": " + rank + " sent " + std::to_string(r.shapes.size()) +
+                 " tensors; alltoall takes exactly one.";
+        }
         if (r.splits.size() != static_cast<size_t>(world_size)) {
           return "Invalid splits for " + what + ": " + rank + " gave " +
                  std::to_string(r.splits.size()) + " split(s), but the world has " +
@@ -235,6 +239,7 @@ Response Coordinator::BuildResponse(const Entry& entry) const {
 }
 
 void Coordinator::Add(const Request& request, SteadyClock::time_point now) {
+  if (request.rank < 0 || request.rank >= size_) return;  // not from this world
   Entry& entry = table_[request.name];
   if (entry.by_rank.empty()) {
     entry.by_rank.resize(size_);
@@ -274,6 +279,14 @@ void Coordinator::Join(int rank) {
   PromoteReady();
 }
 
+bool Coordinator::IsJoin(const Entry& entry) const {
+  // Waiting in join() for slower ranks is the point of join, not a stall.
+  for (int r = 0; r < size_; ++r) {
+    if (entry.seen[r]) return entry.by_rank[r].op_type == OpType::kJoin;
+  }
+  return false;
+}
+
 void Coordinator::PromoteReady() {
   // Names that only waited for ranks that have now joined are ready; the
   // join itself completes last, once every rank has joined.
@@ -281,11 +294,7 @@ void Coordinator::PromoteReady() {
   std::string join_name;
   for (const auto& [name, entry] : table_) {
     if (!IsReady(entry)) continue;
-    bool is_join = false;
-    for (int r = 0; r < size_ && !is_join; ++r) {
-      is_join = entry.seen[r] && entry.by_rank[r].op_type == OpType::kJoin;
-    }
-    if (is_join) {
+    if (IsJoin(entry)) {
       if (joined_count_ == size_) join_name = name;
     } else {
       ready_names.emplace_back(entry.sequence, name);
@@ -314,7 +323,7 @@ std::vector<Stall> Coordinator::FindStalls(SteadyClock::time_point now, double s
   std::vector<Stall> stalls;
   for (auto& [name, entry] : table_) {
     const double waited = std::chrono::duration<double>(now - entry.first_seen).count();
-    if (waited < seconds || (only_new && entry.warned)) continue;
+    if (waited < seconds || (only_new && entry.warned) || IsJoin(entry)) continue;
     entry.warned = true;
     Stall stall;
     stall.name = name;

@@ -66,6 +66,7 @@ class Coordinator {
   };
 
   bool IsReady(const Entry& entry) const;
+  bool IsJoin(const Entry& entry) const;
   Response BuildResponse(const Entry& entry) const;
   void Join(int rank);
   void PromoteReady();

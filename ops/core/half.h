@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 namespace hvdkeras {
@@ -72,6 +73,28 @@ inline uint16_t FloatToHalf(float f) {
   }
   uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
   return sign | static_cast<uint16_t>(((rounded - 0x38000000u) >> 13) & 0x7fffu);
+}
+
+// Rounds a double to float with "round to odd": truncate, and set the last
+// bit if anything was lost. Rounding that float again to a format with at
+// least two fewer significand bits then gives the correctly rounded result,
+// which a plain double -> float -> half conversion does not (it rounds twice).
+inline float DoubleToFloatRoundToOdd(double d) {
+  float f = static_cast<float>(d);
+  if (static_cast<double>(f) == d || f != f) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) {
+    f = std::nextafter(f, 0.0f);  // round toward zero instead
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  bits |= 1u;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline uint16_t DoubleToHalf(double d) { return FloatToHalf(DoubleToFloatRoundToOdd(d)); }
+inline uint16_t DoubleToBFloat16(double d) {
+  return FloatToBFloat16(DoubleToFloatRoundToOdd(d));
 }
 
 }  // namespace hvdkeras

@@ -41,6 +41,10 @@ class Reader {
     return true;
   }
   bool done() const { return pos_ == size_; }
+  // Whether `count` items of `item_size` bytes can still follow.
+  bool CanHold(uint64_t count, size_t item_size) const {
+    return count <= (size_ - pos_) / item_size;
+  }
 
  private:
   const char* data_;
@@ -88,7 +92,7 @@ void PutRequest(Writer* w, const Request& r) {
 
 bool GetInt64s(Reader* r, std::vector<int64_t>* out) {
   uint32_t n;
-  if (!r->Get(&n)) return false;
+  if (!r->Get(&n) || !r->CanHold(n, sizeof(int64_t))) return false;
   out->resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     if (!r->Get(&(*out)[i])) return false;
@@ -112,7 +116,7 @@ bool GetRequest(Reader* r, Request* q) {
     q->dtypes.push_back(static_cast<DataType>(dtype));
     Shape shape;
     uint32_t ndims;
-    if (!r->Get(&ndims)) return false;
+    if (!r->Get(&ndims) || !r->CanHold(ndims, sizeof(int64_t))) return false;
     shape.resize(ndims);
     for (uint32_t d = 0; d < ndims; ++d) {
       if (!r->Get(&shape[d])) return false;

@@ -27,13 +27,13 @@ struct BFloat {
 template <>
 struct Element<Half> {
   static double Load(const Half& v) { return HalfToFloat(v.bits); }
-  static Half Store(double v) { return Half{FloatToHalf(static_cast<float>(v))}; }
+  static Half Store(double v) { return Half{DoubleToHalf(v)}; }
 };
 
 template <>
 struct Element<BFloat> {
   static double Load(const BFloat& v) { return BFloat16ToFloat(v.bits); }
-  static BFloat Store(double v) { return BFloat{FloatToBFloat16(static_cast<float>(v))}; }
+  static BFloat Store(double v) { return BFloat{DoubleToBFloat16(v)}; }
 };
 
 template <typename T>

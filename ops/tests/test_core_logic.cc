@@ -274,6 +274,8 @@ TEST(FusionNonPositiveThresholdDisablesFusion) {
   CHECK_EQ(hvdkeras::PlanFusion(items, -1), (Plan{{0}, {1}, {2}, {3}}));
   CHECK_EQ(hvdkeras::PlanFusion(items, std::numeric_limits<int64_t>::min()),
            (Plan{{0}, {1}, {2}, {3}}));
+  // Even zero-byte items (0 + 0 <= 0) are not fused when fusion is off.
+  CHECK_EQ(hvdkeras::PlanFusion({Item(KeyA(), 0), Item(KeyA(), 0)}, 0), (Plan{{0}, {1}}));
 }
 
 TEST(FusionExactThresholdBoundary) {
@@ -910,12 +912,24 @@ TEST(CoordinatorStalls) {
   j.Add(Allreduce("w", 0), kT0);
   bool found = false;
   for (const hvdkeras::Stall& stall : j.FindStalls(kT0 + seconds(60), 10.0)) {
-    if (stall.name != "w") continue;  // (rank 1's pending join is listed too)
+    CHECK(stall.name != "hvdkeras.join");  // waiting in join() is not a stall
+    if (stall.name != "w") continue;
     found = true;
     CHECK_EQ(stall.submitted, std::vector<int>{0});
     CHECK_EQ(stall.missing, std::vector<int>{2});
   }
   CHECK(found);
+  // ... and is never ended by the stall shutdown either.
+  j.FailStalled(kT0 + seconds(120), 10.0);
+  for (const Response& r : j.TakeReady()) CHECK(r.name != "hvdkeras.join");
+  CHECK(j.any_joined());
+}
+
+TEST(CoordinatorIgnoresRanksOutsideTheWorld) {
+  hvdkeras::Coordinator c(2);
+  c.Add(Allreduce("x", 5), kT0);
+  c.Add(Allreduce("x", -1), kT0);
+  CHECK_EQ(c.pending_count(), size_t{0});
 }
 
 TEST(CoordinatorReadyTimes) {
@@ -1212,6 +1226,18 @@ TEST(RequestEncodeDecodeRoundTrip) {
   decoded.clear();
   CHECK(!hvdkeras::DecodeRequests(longer.data(), longer.size(), &decoded));
   CHECK(!hvdkeras::DecodeRequests(nullptr, 0, &decoded));
+
+  // A corrupt length field that promises more items than bytes remain is
+  // rejected before anything is allocated for it.
+  Request one = Allreduce("len", 0, {2});
+  std::string corrupt = hvdkeras::EncodeRequests({one});
+  // Layout: count(4) name_len(4) "len"(3) rank(4) op(4) reduce(4) pre(8)
+  // post(8) root(4) ntensors(4) dtype(4) ndims(4) ...
+  const size_t ndims_offset = 4 + 4 + 3 + 4 + 4 + 4 + 8 + 8 + 4 + 4 + 4;
+  const uint32_t huge = 0xffffffffu;
+  std::memcpy(&corrupt[ndims_offset], &huge, sizeof(huge));
+  decoded.clear();
+  CHECK(!hvdkeras::DecodeRequests(corrupt.data(), corrupt.size(), &decoded));
 }
 
 TEST(ResponseEncodeDecodeRoundTrip) {
@@ -1577,6 +1603,21 @@ TEST(ScaleCopyHalfPrescale) {
   CHECK_EQ(special_out[0], uint16_t{0x7c00});
   CHECK_EQ(special_out[1], uint16_t{0xfc00});
   CHECK(IsHalfNan(special_out[2]));
+}
+
+TEST(ScaleCopyHalfRoundsOnce) {
+  // 1 * (1 + 2^-11 + 2^-30) lies just above the midpoint between 1 and the
+  // next half (1 + 2^-10): the correct result rounds up. Rounding to float
+  // first would land exactly on the midpoint and then round down to even.
+  const std::vector<uint16_t> one = {0x3c00};
+  std::vector<uint16_t> out(1);
+  hvdkeras::ScaleCopy(DataType::kFloat16, one.data(), out.data(), 1,
+                      1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -30));
+  CHECK_EQ(out[0], uint16_t{0x3c01});
+  const std::vector<uint16_t> bf_one = {0x3f80};
+  hvdkeras::ScaleCopy(DataType::kBFloat16, bf_one.data(), out.data(), 1,
+                      1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30));
+  CHECK_EQ(out[0], uint16_t{0x3f81});
 }
 
 TEST(ScaleCopyBFloat16) {
