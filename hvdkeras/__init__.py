@@ -52,3 +52,19 @@ __all__ = [
     "local_size", "mpi_threads_supported", "rank", "reducescatter", "shutdown", "size",
     "start_timeline", "stop_timeline",
 ]
+
+# --- Keras 3 integration (issue 4) -----------------------------------------
+from hvdkeras import callbacks, schedules
+from hvdkeras.checkpointing import restore_from_checkpoint, save_model_atomic
+from hvdkeras.compression import Compression
+from hvdkeras.gradient_tape import DistributedGradientTape
+from hvdkeras.model_sync import broadcast_model
+from hvdkeras.optimizer import DistributedOptimizer, is_distributed
+from hvdkeras.output import fit_verbose
+from hvdkeras.schedules import scale_lr
+
+__all__ += [
+    "Compression", "DistributedGradientTape", "DistributedOptimizer", "broadcast_model",
+    "callbacks", "fit_verbose", "is_distributed", "restore_from_checkpoint",
+    "save_model_atomic", "scale_lr", "schedules",
+]

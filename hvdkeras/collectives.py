@@ -267,7 +267,11 @@ def _broadcast_grad(op, *grads):
                              _grad_name(op, "HvdkerasBroadcastGrad"))
     if basics.rank() == root_rank:
         return summed
-    return [tf.zeros_like(s) for s in summed]
+    # Non-root ranks must still run the allreduce, so their zeros must depend on
+    # it: grappler folds a bare zeros_like (static shape) to a constant, even
+    # under control_dependencies, and then prunes the allreduce (not a stateful
+    # op), leaving the root waiting forever. `* 0` is Horovod's way.
+    return [s * 0 for s in summed]
 
 
 def _grad_name(op, default: str) -> Optional[str]:

@@ -1,0 +1,17 @@
+"""Keras callbacks for distributed training (names as in Horovod).
+
+Recommended order (see `standard_callbacks`): broadcast, metric average,
+learning-rate callbacks, your own callbacks, checkpoint.
+"""
+
+from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback
+from hvdkeras.callbacks.checkpoint import CheckpointCallback
+from hvdkeras.callbacks.learning_rate_schedule import LearningRateScheduleCallback
+from hvdkeras.callbacks.learning_rate_warmup import LearningRateWarmupCallback
+from hvdkeras.callbacks.metric_average import MetricAverageCallback
+from hvdkeras.callbacks.standard import standard_callbacks
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback", "CheckpointCallback", "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback", "MetricAverageCallback", "standard_callbacks",
+]

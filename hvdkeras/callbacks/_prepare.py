@@ -1,0 +1,52 @@
+"""What every hvdkeras callback does when Keras hands it the model.
+
+`fit()` calls `set_model` on its callbacks before it builds the train
+function, which makes it the earliest point hvdkeras controls between
+`compile()` and the first traced step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from hvdkeras import _guards
+from hvdkeras.output import print_rank0
+
+_noticed: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def turn_off_xla_for_training(model: Any) -> bool:
+    """Turns XLA off for the model's steps if compile() turned it on.
+
+    `compile(jit_compile="auto")` resolves to True on GPU machines, and XLA
+    cannot compile the hvdkeras collectives. Clearing `train_function` makes
+    `fit()` rebuild it without XLA. Prints a one-line notice (rank 0, once per
+    model).
+
+    Returns:
+        Whether anything was changed.
+    """
+    try:
+        enabled = bool(model.jit_compile)
+    except AttributeError:
+        return False
+    if not enabled:
+        return False
+    model.jit_compile = False
+    model.train_function = None
+    if model not in _noticed:
+        _noticed.add(model)
+        print_rank0(
+            f"jit_compile turned off for {getattr(model, 'name', 'the model')!r}: hvdkeras "
+            "collectives have no XLA kernel, so the train step runs without XLA."
+        )
+    return True
+
+
+def prepare_model(model: Any) -> None:
+    """Turns XLA off for training and rejects a wrongly nested optimizer."""
+    if model is None:
+        return
+    turn_off_xla_for_training(model)
+    _guards.check_model_optimizer_nesting(model)

@@ -1,0 +1,108 @@
+"""Rank-0 checkpoints: atomic, pruned, optionally best-only, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import keras
+
+from hvdkeras import basics, checkpoint_files
+from hvdkeras.callbacks._prepare import prepare_model
+from hvdkeras.checkpointing import save_model_atomic, write_json_atomic
+
+
+class CheckpointCallback(keras.callbacks.Callback):
+    """Saves the whole model (with optimizer state) at epoch ends, on rank 0.
+
+    Only rank 0 touches the filesystem; the other ranks do nothing here. Each
+    checkpoint is `directory/epoch-NNNNN.keras` (NNNNN = finished epochs),
+    written to a temporary file in the same directory and renamed when
+    complete, so a crash mid-write leaves the previous checkpoints intact.
+    Leftover temporary files are removed when training starts. Resume with
+    `hvdkeras.restore_from_checkpoint(model, directory)`.
+
+    With `save_best_only`, an epoch is saved only when `monitor` improved;
+    put `MetricAverageCallback` earlier in the list so the decision uses the
+    average over ranks. The best value is kept in
+    `directory/checkpoint_state.json` and survives restarts.
+
+    Args:
+        directory: Where checkpoints go (created on rank 0 if missing).
+        keep_last: How many of the newest checkpoints to keep (None: all).
+        save_best_only: Save only epochs that improve `monitor`.
+        monitor: The epoch-log key compared with `save_best_only`.
+        mode: "min", "max" or "auto" (max for accuracy-like names).
+        verbose: 1 prints a line on rank 0 for every checkpoint written.
+
+    Example:
+
+    ```python
+    ckpt = hvd.callbacks.CheckpointCallback("checkpoints", keep_last=3)
+    initial_epoch = hvd.restore_from_checkpoint(model, "checkpoints")
+    model.fit(x, y, epochs=10, initial_epoch=initial_epoch, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(), ckpt])
+    ```
+    """
+
+    def __init__(self, directory: str, keep_last: Optional[int] = 3, save_best_only: bool = False,
+                 monitor: str = "val_loss", mode: str = "auto", verbose: int = 0) -> None:
+        super().__init__()
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be None or an integer >= 1, got {keep_last!r}.")
+        self.directory = os.fspath(directory)
+        self.keep_last = keep_last
+        self.save_best_only = save_best_only
+        self.monitor = monitor
+        self.mode = checkpoint_files.resolve_mode(mode, monitor)
+        self.verbose = verbose
+        self.best: Optional[float] = None
+        self._warned_missing = False
+
+    def set_model(self, model) -> None:
+        super().set_model(model)
+        prepare_model(model)
+
+    @property
+    def _state_path(self) -> str:
+        return os.path.join(self.directory, checkpoint_files.STATE_FILE)
+
+    def on_train_begin(self, logs=None) -> None:
+        if basics.rank() != 0:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        for name in os.listdir(self.directory):
+            if checkpoint_files.is_temporary(name):
+                os.remove(os.path.join(self.directory, name))
+        if self.save_best_only and os.path.exists(self._state_path):
+            with open(self._state_path) as f:
+                state = json.load(f)
+            if state.get("monitor") == self.monitor and state.get("mode") == self.mode:
+                self.best = state.get("best")
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        if basics.rank() != 0:
+            return
+        logs = logs or {}
+        if self.save_best_only:
+            value = logs.get(self.monitor)
+            if value is None:
+                if not self._warned_missing:
+                    self._warned_missing = True
+                    print(f"hvdkeras: CheckpointCallback cannot find {self.monitor!r} in the epoch "
+                          f"logs ({sorted(logs)}); nothing is saved.", flush=True)
+                return
+            if not checkpoint_files.improved(float(value), self.best, self.mode):
+                return
+            self.best = float(value)
+        path = os.path.join(self.directory, checkpoint_files.checkpoint_name(epoch + 1))
+        save_model_atomic(self.model, path)
+        if self.save_best_only:
+            write_json_atomic(self._state_path,
+                              {"monitor": self.monitor, "mode": self.mode, "best": self.best})
+        for name in checkpoint_files.files_to_prune(os.listdir(self.directory), self.keep_last):
+            os.remove(os.path.join(self.directory, name))
+        if self.verbose:
+            print(f"hvdkeras: epoch {epoch + 1}: saved {path}", flush=True)

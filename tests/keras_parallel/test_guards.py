@@ -1,0 +1,77 @@
+"""Settings that would fail late or hang get fixed or refused early.
+
+Op determinism stays off in this file: Keras silently refuses
+jit_compile=True when it is on, and these tests need XLA requested.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvdkeras as hvd
+from keras_helpers import mlp, regression_data, spread_over_ranks
+
+
+def _compiled(jit_compile):
+    model = mlp(seed=21)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=jit_compile)
+    return model
+
+
+def test_xla_really_cannot_compile_the_collectives():
+    """What the fix prevents: XLA rejects the allreduce op outright."""
+    fn = tf.function(lambda t: hvd.allreduce(t, name="t_xla"), jit_compile=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="XLA"):
+        fn(tf.ones([2]))
+
+
+def test_jit_compile_true_trains_with_an_hvdkeras_callback(capsys):
+    model = _compiled(jit_compile=True)
+    assert model.jit_compile is True
+    x, y = regression_data(seed=30 + hvd.rank(), rows=8)
+    before = [w.copy() for w in model.get_weights()]
+    model.fit(x, y, batch_size=4, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert model.jit_compile is False
+    out = capsys.readouterr().out
+    notices = [line for line in out.splitlines() if "jit_compile turned off" in line]
+    assert len(notices) == (1 if hvd.rank() == 0 else 0), out
+    assert spread_over_ranks(model.get_weights(), "t_jit_weights") == 0
+    assert not all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+def test_jit_compile_true_without_callbacks_names_the_fix():
+    model = _compiled(jit_compile=True)
+    x, y = regression_data(seed=31, rows=8)
+    with pytest.raises(RuntimeError, match="no XLA kernel.*jit_compile=False"):
+        model.fit(x, y, batch_size=4, verbose=0)
+
+
+def test_loss_scale_optimizer_outside_is_refused_at_compile_time_wrapping():
+    """mixed_float16 set after wrapping: compile() puts a LossScaleOptimizer
+    around the distributed one; the first fit refuses with the fix."""
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    keras.config.set_dtype_policy("mixed_float16")
+    model = mlp(seed=22)
+    model.compile(optimizer=optimizer, loss="mse")
+    keras.config.set_dtype_policy("float32")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    x, y = regression_data(seed=32, rows=8)
+    with pytest.raises(ValueError, match="wrapped inside a LossScaleOptimizer.*before calling"):
+        model.fit(x, y, batch_size=4, verbose=0)
+    with pytest.raises(ValueError, match="wrapped inside a LossScaleOptimizer"):
+        model.fit(x, y, batch_size=4, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+
+def test_loss_scale_optimizer_outside_is_refused_in_custom_loops():
+    model = mlp(seed=23)
+    optimizer = keras.optimizers.LossScaleOptimizer(
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)))
+    grads = [tf.zeros_like(v) for v in model.trainable_variables]
+    with pytest.raises(ValueError, match="wrapped inside a LossScaleOptimizer"):
+        optimizer.apply(grads, model.trainable_variables)
+    with pytest.raises(ValueError, match="wrapped inside a LossScaleOptimizer"):
+        hvd.DistributedOptimizer(optimizer)

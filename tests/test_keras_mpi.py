@@ -1,0 +1,133 @@
+"""Launches the Keras integration tests on 2 real MPI processes.
+
+* Each file in tests/keras_parallel/ runs as its own pytest session on both
+  ranks (one mpiexec job per file, so a failure names its topic).
+* The scripts in tests/keras_mpi/ play whole jobs: stopped, crashed while
+  writing a checkpoint, restarted; saved models loaded in a process that
+  never imports hvdkeras; the quickstart example.
+
+Every job runs under a timeout that kills its whole process group.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_runner import describe, run_python, run_under_mpi
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+PARALLEL = sorted((TESTS / "keras_parallel").glob("test_*.py"))
+SCRIPTS = TESTS / "keras_mpi"
+# Backstop against hangs (the op library is built before any job starts).
+TIMEOUT = 240
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def op_library_built():
+    """Builds the op library once, up front, so no MPI job spends its time compiling."""
+    from hvdkeras import _build
+
+    _build.ensure_built()
+
+
+def test_keras_parallel_files_found():
+    """Guards against the parametrization below silently becoming empty."""
+    assert {"test_all_optimizers.py", "test_callbacks.py", "test_checkpoint.py",
+            "test_compression.py",
+            "test_equivalence.py", "test_guards.py"} <= {p.name for p in PARALLEL}
+
+
+def _ok(result):
+    assert result.returncode == 0, describe(result)
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+@pytest.mark.parametrize("test_file", PARALLEL, ids=[p.stem for p in PARALLEL])
+def test_keras_parallel_file(test_file):
+    # -x: a rank that fails exits; its shutdown fails the other rank's next
+    # collective instead of leaving it waiting.
+    out = _ok(run_under_mpi(
+        2, ["-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider",
+            "-W", "ignore::DeprecationWarning", str(test_file)],
+        timeout=TIMEOUT, env={"HVDKERAS_UNDER_MPI": "1"}))
+    summaries = [line for line in out.splitlines() if " passed" in line and " in " in line]
+    assert len(summaries) == 2, f"expected a pytest summary from each rank:\n{out[-3000:]}"
+
+
+def _train(*args):
+    return run_under_mpi(2, [str(SCRIPTS / "resume_training.py"), *map(str, args)],
+                         timeout=TIMEOUT)
+
+
+def _final_state(path):
+    with np.load(path) as data:
+        return int(data["initial_epoch"]), [data[k] for k in data.files if k.startswith("arr_")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4 * TIMEOUT + 60)
+def test_stop_crash_and_restart_match_an_uninterrupted_run(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _ok(_train("--epochs", 4, "--out", tmp_path / "uninterrupted.npz"))
+
+    # Run 1 stops cleanly after epoch 2.
+    _ok(_train("--dir", ckpt, "--epochs", 2))
+    assert sorted(os.listdir(ckpt)) == ["epoch-00001.keras", "epoch-00002.keras"]
+
+    # Run 2 resumes at epoch 3 and is killed while writing epoch 3's checkpoint.
+    crashed = _train("--dir", ckpt, "--epochs", 4, "--resume", "--crash-writing-epoch", 3)
+    assert crashed.returncode != 0, describe(crashed)
+    assert "continuing at epoch 3" in crashed.stdout, describe(crashed)
+    assert "crashing while writing the checkpoint of epoch 3" in crashed.stdout
+    names = sorted(os.listdir(ckpt))
+    partial = [n for n in names if n.startswith(".tmp-") and n.endswith("epoch-00003.keras")]
+    assert len(partial) == 1 and "epoch-00003.keras" not in names, names
+    assert not zipfile.is_zipfile(ckpt / partial[0]), "the interrupted write was not partial"
+
+    # Run 3 resumes from epoch 2's checkpoint (still complete) and finishes.
+    out = _ok(_train("--dir", ckpt, "--epochs", 4, "--resume", "--out", tmp_path / "resumed.npz"))
+    assert "resumed from" in out and "epoch-00002.keras: continuing at epoch 3" in out, out
+    assert sorted(os.listdir(ckpt)) == ["epoch-00002.keras", "epoch-00003.keras",
+                                        "epoch-00004.keras"]   # keep_last=3, temp file gone
+
+    start, resumed = _final_state(tmp_path / "resumed.npz")
+    _, uninterrupted = _final_state(tmp_path / "uninterrupted.npz")
+    assert start == 2
+    assert len(resumed) == len(uninterrupted)
+    for got, want in zip(resumed, uninterrupted):   # weights, then optimizer state
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT + 60)
+def test_saved_models_load_with_and_without_hvdkeras(tmp_path):
+    out = _ok(run_under_mpi(2, [str(SCRIPTS / "save_models.py"), str(tmp_path)],
+                            timeout=TIMEOUT))
+    assert out.count("round trip with hvdkeras ok") == 6, out
+    out = _ok(run_python([str(SCRIPTS / "load_without_hvdkeras.py"), str(tmp_path)],
+                         timeout=TIMEOUT))
+    assert "hvdkeras never imported" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_quickstart_example_trains_and_only_rank_zero_prints(tmp_path):
+    out = _ok(run_under_mpi(2, [str(REPO / "examples" / "keras_quickstart.py"), "--epochs", "2",
+                                "--checkpoint-dir", str(tmp_path / "ckpt")], timeout=TIMEOUT))
+    lines = out.splitlines()
+    assert sum(line.startswith("Epoch 1/2") for line in lines) == 1, out
+    assert sum(line.startswith("test accuracy") for line in lines) == 1, out
+    accuracy = float(next(line for line in lines if line.startswith("test accuracy")).split()[-1])
+    assert accuracy > 0.9, out
+    # verbose=2 on a pipe: one summary line per epoch, no progress-bar redraws.
+    assert not any("\r" in line or "\x08" in line for line in lines), out
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch-00001.keras", "epoch-00002.keras"]
