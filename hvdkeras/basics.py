@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import dataclasses
+import os
 from typing import Any, Optional
 
 from hvdkeras import _library
@@ -46,6 +47,22 @@ def _require() -> _World:
     return _world
 
 
+def _check_expected_size(actual: int) -> None:
+    """Catches a launcher from one MPI starting ranks linked to another.
+
+    `hvdkerasrun` sets HVDKERAS_EXPECTED_SIZE; an MPI library that does not
+    understand the launcher starts every rank as its own world of size 1.
+    """
+    expected = os.environ.get("HVDKERAS_EXPECTED_SIZE", "").strip()
+    if expected.isdigit() and int(expected) != actual:
+        raise RuntimeError(
+            f"This process was launched as one of {expected} ranks but MPI reports a world of "
+            f"size {actual}: the mpiexec that started it belongs to a different MPI than the "
+            "one mpi4py loads. Use the mpiexec of the MPI that mpi4py uses (hvdkerasrun picks "
+            "it for you) or point mpi4py at the MPI whose mpiexec you use."
+        )
+
+
 def init(comm: Any = None) -> None:
     """Starts hvdkeras on this process. Call it once, on every rank, first.
 
@@ -79,6 +96,7 @@ def init(comm: Any = None) -> None:
 
     if comm is None:
         comm = MPI.COMM_WORLD
+        _check_expected_size(comm.Get_size())
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(
             f"hvdkeras.init(comm=...) needs an mpi4py.MPI.Intracomm, got {type(comm).__name__}."
