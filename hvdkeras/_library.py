@@ -49,6 +49,33 @@ def _bind_c_api(lib: ctypes.CDLL) -> None:
     lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
 
 
+# Ops that talk to other ranks. They are stateful, so TensorFlow never
+# constant-folds or deduplicates them (a folded collective would run once at
+# optimisation time on one rank only), but unlike other stateful ops they must
+# not be chained in program order by tf.function's automatic control
+# dependencies: ranks may create them in different orders, and the engine
+# negotiates the order. TensorFlow's own collective ops are exempted the same
+# way.
+COLLECTIVE_OP_TYPES = frozenset(("HvdkerasAllreduce", "HvdkerasBroadcast", "HvdkerasAllgather",
+                                 "HvdkerasReducescatter", "HvdkerasAlltoall"))
+
+
+def _exempt_from_program_order() -> None:
+    import warnings
+
+    try:
+        from tensorflow.python.framework import auto_control_deps
+    except ImportError:  # pragma: no cover - depends on the TF version
+        auto_control_deps = None
+    if auto_control_deps is None or not hasattr(auto_control_deps, "ASYNC_STATEFUL_OPS"):
+        warnings.warn("hvdkeras could not exempt its collectives from tf.function's automatic "
+                      "control dependencies in this TensorFlow version; collectives inside one "
+                      "tf.function will run in program order.")
+        return
+    auto_control_deps.ASYNC_STATEFUL_OPS = (
+        frozenset(auto_control_deps.ASYNC_STATEFUL_OPS) | COLLECTIVE_OP_TYPES)
+
+
 def load() -> tuple[Any, ctypes.CDLL]:
     """Returns (TensorFlow op module, ctypes handle), building on first use."""
     global _ops_module, _cdll, _path
@@ -60,6 +87,7 @@ def load() -> tuple[Any, ctypes.CDLL]:
 
             path = _build.ensure_built()
             _ops_module = tf.load_op_library(str(path))
+            _exempt_from_program_order()
             _cdll = ctypes.CDLL(str(path))
             _bind_c_api(_cdll)
             _path = path

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from hvdkeras import _library, basics
 from hvdkeras.collectives import (Average, Sum, _ALLREDUCE_DTYPES, _BROADCAST_DTYPES,
-                                  _check_dtype, _names, _resolve_op)
+                                  _check_dtype, _names, _not_converted, _resolve_op)
 
 
 def _to_tensors(tensors: Sequence, what: str, allowed) -> List[tf.Tensor]:
@@ -34,6 +34,7 @@ def _allgather_list(tensors: List[tf.Tensor], name: Optional[str]) -> List[tf.Te
     return _library.ops().hvdkeras_allgather(tensors, tensor_name=tensor_name, name=op_name)
 
 
+@_not_converted
 def allgather(tensor, name: Optional[str] = None) -> tf.Tensor:
     """Concatenates every rank's tensor along the first dimension.
 
@@ -57,6 +58,7 @@ def allgather(tensor, name: Optional[str] = None) -> tf.Tensor:
     return _allgather_list(_to_tensors([tensor], "allgather", _BROADCAST_DTYPES), name)[0]
 
 
+@_not_converted
 def grouped_allgather(tensors: Sequence, name: Optional[str] = None) -> List[tf.Tensor]:
     """Allgathers a list of tensors of one dtype in one negotiated, fused op.
 
@@ -102,6 +104,7 @@ def even_splits(rows, size: int) -> tf.Tensor:
     return base + tf.cast(tf.range(size, dtype=tf.int64) < extra, tf.int64)
 
 
+@_not_converted
 def alltoall(tensor, splits=None, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
     """Sends `splits[r]` rows of `tensor` to rank r; returns what arrived.
 
@@ -146,6 +149,7 @@ def _check_scatter_op(op: int) -> None:
         raise ValueError("hvdkeras.reducescatter supports op=hvdkeras.Sum or hvdkeras.Average.")
 
 
+@_not_converted
 def reducescatter(tensor, name: Optional[str] = None, op: Optional[int] = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduces a tensor over all ranks and keeps this rank's block of rows.
@@ -176,6 +180,7 @@ def reducescatter(tensor, name: Optional[str] = None, op: Optional[int] = None,
     return _reducescatter_list(converted, op, prescale_factor, postscale_factor, name)[0]
 
 
+@_not_converted
 def grouped_reducescatter(tensors: Sequence, name: Optional[str] = None,
                           op: Optional[int] = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[tf.Tensor]:
@@ -250,4 +255,4 @@ def _reducescatter_grad(op, *grads):
     gathered = _allgather_list([tf.convert_to_tensor(g) for g in grads], _grad_name(op, "grad"))
     if scale == 1.0:
         return gathered
-    return [g * tf.cast(scale, g.dtype) for g in gathered]
+    return [g * tf.cast(tf.constant(scale, tf.float64), g.dtype) for g in gathered]

@@ -202,7 +202,7 @@ def reduce_indexed_slices(slices: List[tf.IndexedSlices], settings: ReductionSet
     for s, p, v, i in zip(slices, packed, values, indices):
         v = settings.compression.decompress(v, p[1])
         if scale != 1.0:
-            v = v * tf.cast(scale, v.dtype)
+            v = v * tf.cast(tf.constant(scale, tf.float64), v.dtype)
         result.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
     return result
 

@@ -7,11 +7,12 @@ from typing import Optional, Union
 import tensorflow as tf
 
 from hvdkeras import _library, basics
-from hvdkeras.collectives import _names
+from hvdkeras.collectives import _names, _not_converted
 
 JOIN_NAME = "hvdkeras.join"
 
 
+@_not_converted
 def barrier(name: Optional[str] = None) -> None:
     """Blocks until every rank has called `barrier` (with the same name).
 
@@ -31,6 +32,7 @@ def barrier(name: Optional[str] = None) -> None:
     _library.ops().hvdkeras_barrier(tensor_name=tensor_name, name=op_name)
 
 
+@_not_converted
 def join() -> Union[int, tf.Tensor]:
     """Declares that this rank has no more data, and waits for the others.
 

@@ -95,10 +95,13 @@ def run_under_mpi(np: int, args: list[str], timeout: float = 240,
                   env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs ``mpiexec -n np <this python> *args``; stdout holds stdout+stderr.
 
+    Sets HVDKERAS_EXPECTED_SIZE=np (unless `env` says otherwise), so that
+    hvdkeras.init() fails loudly if the ranks come up as separate worlds of
+    size 1 (a launcher/MPI mismatch) instead of passing every test np times.
     Raises AssertionError (with the output tail) when it runs past `timeout`.
     """
     cmd = [mpiexec_path(), "-n", str(np), sys.executable, *args]
-    return run_command(cmd, timeout=timeout, env=env)
+    return run_command(cmd, timeout=timeout, env={"HVDKERAS_EXPECTED_SIZE": str(np), **(env or {})})
 
 
 def run_python(args: list[str], timeout: float = 240,

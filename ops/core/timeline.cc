@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -55,7 +56,10 @@ void Timeline::Close() {
 }
 
 int64_t Timeline::Micros(TimePoint when) const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(when - start_).count();
+  // Clamped at 0: an op already waiting when the trace opened would otherwise
+  // begin before it, and Perfetto drops events with negative timestamps.
+  return std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::microseconds>(when - start_).count());
 }
 
 int Timeline::ProcessFor(const std::string& name) {

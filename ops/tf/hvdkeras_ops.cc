@@ -264,6 +264,7 @@ REGISTER_OP("HvdkerasAllreduce")
     .Attr("tensor_name: string = ''")
     .Input("tensors: N * T")
     .Output("outputs: N * T")
+    .SetIsStateful()  // never constant-folded or deduplicated
     .SetShapeFn(hvdkeras::PassThroughShapes)
     .Doc("Reduces N tensors of one dtype across all ranks in one fused call.");
 
@@ -275,6 +276,7 @@ REGISTER_OP("HvdkerasBroadcast")
     .Attr("tensor_name: string = ''")
     .Input("tensors: T")
     .Output("outputs: T")
+    .SetIsStateful()  // never constant-folded or deduplicated
     .SetShapeFn(hvdkeras::PassThroughShapes)
     .Doc("Copies tensors from root_rank to every rank.");
 
@@ -297,6 +299,7 @@ REGISTER_OP("HvdkerasAllgather")
     .Attr("tensor_name: string = ''")
     .Input("tensors: N * T")
     .Output("outputs: N * T")
+    .SetIsStateful()  // never constant-folded or deduplicated
     .SetShapeFn([](tf::shape_inference::InferenceContext* c) {
       return UnknownFirstDim(c, c->num_inputs());
     })
@@ -311,6 +314,7 @@ REGISTER_OP("HvdkerasReducescatter")
     .Attr("tensor_name: string = ''")
     .Input("tensors: N * T")
     .Output("outputs: N * T")
+    .SetIsStateful()  // never constant-folded or deduplicated
     .SetShapeFn([](tf::shape_inference::InferenceContext* c) {
       return UnknownFirstDim(c, c->num_inputs());
     })
@@ -324,6 +328,7 @@ REGISTER_OP("HvdkerasAlltoall")
     .Input("splits: int64")
     .Output("output: T")
     .Output("received_splits: int64")
+    .SetIsStateful()  // never constant-folded or deduplicated
     .SetShapeFn([](tf::shape_inference::InferenceContext* c) {
       TF_RETURN_IF_ERROR(UnknownFirstDim(c, 1));
       c->set_output(1, c->Vector(c->UnknownDim()));

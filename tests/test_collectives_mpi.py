@@ -1,0 +1,61 @@
+"""Runs each tests/parallel/ file under mpiexec with 1, 2 and 3 ranks.
+
+Every rank runs the same pytest session (so collectives line up across
+ranks) with -x: a rank whose test fails exits, its shutdown stops the engine
+on the other ranks (their collectives then fail), and mpiexec ends the job.
+After every test the ranks meet in a collective named after it
+(tests/parallel/conftest.py); a collective that some rank never submits is
+ended after STALL_SHUTDOWN_S by the engine's stall check, with a message
+naming the missing ranks. The subprocess timeout is only the last backstop
+against hangs; it kills the whole process group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpi_runner import describe, run_under_mpi
+
+PARALLEL_DIR = Path(__file__).resolve().parent / "parallel"
+PARALLEL_FILES = sorted(p.name for p in PARALLEL_DIR.glob("test_*.py"))
+RANKS = (1, 2, 3)
+# Backstop against hangs, per job. test_stress.py retraces a 200-op function
+# 50 times on every rank: about 65 s with 3 ranks on an idle 2-core machine,
+# but close to 180 s when the machine is shared, hence its larger limit.
+JOB_TIMEOUT_S = 240
+JOB_TIMEOUTS_S = {"test_stress.py": 420}
+# A collective some rank never submits fails after this long (naming the
+# missing ranks) instead of hanging until the job timeout.
+STALL_SHUTDOWN_S = 30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def op_library_built():
+    """Builds the op library once, up front, so no MPI job spends its time compiling."""
+    from hvdkeras import _build
+
+    _build.ensure_built()
+
+
+def test_parallel_files_found():
+    """Guards against the parametrization below silently becoming empty."""
+    assert {"test_allreduce.py", "test_broadcast.py", "test_errors.py",
+            "test_gradients.py", "test_stress.py"} <= set(PARALLEL_FILES)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(max(JOB_TIMEOUT_S, *JOB_TIMEOUTS_S.values()) + 60)
+@pytest.mark.parametrize("test_file", PARALLEL_FILES)
+@pytest.mark.parametrize("np", RANKS, ids=lambda n: f"np{n}")
+def test_parallel_file(np, test_file):
+    """tests/parallel/<test_file> passes on every rank of an np-rank job."""
+    result = run_under_mpi(
+        np,
+        ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", str(PARALLEL_DIR / test_file)],
+        timeout=JOB_TIMEOUTS_S.get(test_file, JOB_TIMEOUT_S),
+        env={"HVDKERAS_UNDER_MPI": "1",
+             "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
+    )
+    assert result.returncode == 0, describe(result)
