@@ -1,0 +1,107 @@
+"""The stall inspector: warnings and shutdown when a rank withholds a collective.
+
+Launches 3-rank jobs of tests/scripts/stall_job.py, where rank 1 withholds a
+named allreduce that ranks 0 and 2 have submitted, once for a name never used
+before and once for a name already in the response cache (the engine must
+move such a long-waiting cached op to the coordinator to see who is missing).
+
+* HVDKERAS_STALL_CHECK_SECONDS=2: rank 0's stderr names the tensor and the
+  missing rank, reporting a wait of at least 2 s and at most 2 s + slack,
+  and the warning is already there at that deadline (checked from inside the
+  job); once rank 1 submits, the op completes.
+* HVDKERAS_STALL_SHUTDOWN_SECONDS=4: ranks 0 and 2 get an error naming the
+  tensor and the missing rank after about 4 s, the world keeps working, and
+  the job ends well before the subprocess timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from mpi_runner import describe, run_under_mpi
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "stall_job.py"
+JOB_TIMEOUT_S = 240
+RANKS = 3
+CHECK_S = 2.0
+SHUTDOWN_S = 4.0
+SLACK_S = 2.5  # scheduling slack on a loaded 2-core machine running 3 ranks
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def op_library_built():
+    from hvdkeras import _build
+
+    _build.ensure_built()
+
+
+def run_job(mode: str, tmp_path: Path, env: dict) -> tuple[list[dict], dict, float]:
+    """Runs the job; returns (REPORT records, {rank: stderr text}, wall seconds)."""
+    start = time.monotonic()
+    result = run_under_mpi(RANKS, [str(SCRIPT), mode, str(tmp_path)], timeout=JOB_TIMEOUT_S,
+                           env={"STALL_TEST_SLACK_SECONDS": str(SLACK_S), **env})
+    elapsed = time.monotonic() - start
+    stderr = {r: (tmp_path / f"rank{r}.err").read_text(errors="replace") for r in range(RANKS)}
+    context = describe(result) + "".join(
+        f"\n--- rank {r} stderr ---\n{text[-3000:]}" for r, text in stderr.items())
+    assert result.returncode == 0, context
+    reports = [json.loads(line) for r in range(RANKS)
+               for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
+    assert sum(1 for r in reports if r.get("done")) == RANKS, context
+    return reports, stderr, elapsed
+
+
+def find(reports, **match) -> list[dict]:
+    return [r for r in reports if all(r.get(k) == v for k, v in match.items())]
+
+
+WARNING = re.compile(
+    r"hvdkeras: WARNING: collective '(?P<name>[^']+)' has waited (?P<seconds>[0-9.]+) s: "
+    r"rank\(s\) (?P<missing>[0-9, ]+) have not submitted it \(rank\(s\) (?P<submitted>[0-9, ]+) "
+    r"have\)")
+
+
+def test_stall_warning_names_tensor_and_missing_rank(tmp_path):
+    reports, stderr, elapsed = run_job("warn", tmp_path,
+                                       {"HVDKERAS_STALL_CHECK_SECONDS": str(CHECK_S)})
+    warnings = [m.groupdict() for m in WARNING.finditer(stderr[0])]
+    for name in ("fresh_tensor", "cached_tensor"):
+        mine = [w for w in warnings if w["name"] == name]
+        assert len(mine) == 1, f"{name}: expected one warning on rank 0, got {mine}\n{stderr[0]}"
+        w = mine[0]
+        assert w["missing"] == "1" and w["submitted"] == "0, 2", w
+        assert CHECK_S <= float(w["seconds"]) <= CHECK_S + SLACK_S, w
+        # Checked inside the job on rank 0, CHECK_S + SLACK_S after it submitted.
+        assert find(reports, phase=name, warned_by_deadline=True), (name, reports)
+        assert len(find(reports, phase=name, completed=True)) == RANKS, (name, reports)
+    # Only rank 0 inspects stalls.
+    for r in (1, 2):
+        assert "has waited" not in stderr[r], stderr[r]
+    assert elapsed < JOB_TIMEOUT_S / 2, elapsed
+
+
+def test_stall_shutdown_fails_the_op_on_every_submitting_rank(tmp_path):
+    reports, stderr, elapsed = run_job("shutdown", tmp_path, {
+        "HVDKERAS_STALL_CHECK_SECONDS": str(CHECK_S),
+        "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(SHUTDOWN_S),
+    })
+    for name in ("fresh_withheld", "cached_withheld"):
+        for rank in (0, 2):
+            (got,) = find(reports, phase=name, rank=rank)[:1] or [None]
+            assert got is not None and got.get("error") == "FailedPreconditionError", (
+                name, rank, reports)
+            assert f"Collective '{name}' stalled for " in got["message"], got
+            assert ("rank(s) 1 never submitted it (rank(s) 0, 2 did), so it was ended by "
+                    "HVDKERAS_STALL_SHUTDOWN_SECONDS") in got["message"], got
+            assert SHUTDOWN_S <= got["seconds"] <= SHUTDOWN_S + SLACK_S, got
+        assert len(find(reports, phase=name, after_ok=True)) == RANKS, (name, reports)
+        # The warning came first, at the check interval.
+        assert f"collective '{name}' has waited" in stderr[0], stderr[0]
+    assert elapsed < JOB_TIMEOUT_S / 2, elapsed
