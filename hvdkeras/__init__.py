@@ -68,3 +68,19 @@ __all__ += [
     "callbacks", "fit_verbose", "is_distributed", "restore_from_checkpoint",
     "save_model_atomic", "scale_lr", "schedules",
 ]
+
+# --- Launching (issue 5): hvdkerasrun's launch(), the function runner -------
+# (hvdkeras.spark is a subpackage imported on demand: it needs the [spark] extra.)
+from hvdkeras import runner
+from hvdkeras.runner import RankFailedError, Runner, run
+from hvdkeras.runner.launch import launch
+
+__all__ += ["RankFailedError", "Runner", "launch", "run", "runner"]
+
+# --- YAML training recipes (issue 6): `hvdkeras train/validate/recipes` ------
+# hvdkeras.recipes holds the schema, the per-rank entry point and the bundled
+# recipes; load_recipe validates a recipe file (RecipeError lists every problem).
+from hvdkeras import recipes
+from hvdkeras.recipes import RecipeError, load_recipe
+
+__all__ += ["RecipeError", "load_recipe", "recipes"]

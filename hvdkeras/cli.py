@@ -156,6 +156,132 @@ def _check(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
+# train, validate, recipes (YAML training recipes, issue 6)
+# --------------------------------------------------------------------------
+
+
+def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="a recipe file, or the name of a bundled recipe "
+                                       "(see `hvdkeras recipes`)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.PATH=VALUE",
+                        help="override a recipe value, e.g. --set training.epochs=5 "
+                             "(repeatable; the value is read as YAML)")
+
+
+def _configure_train(parser: argparse.ArgumentParser) -> None:
+    _add_recipe_arguments(parser)
+    parser.add_argument("--np", "-n", dest="np", type=int, default=1,
+                        help="number of ranks (processes); default 1")
+    parser.add_argument("--hosts", default=None, help="comma-separated hosts (with --np > 1)")
+    parser.add_argument("--hostfile", default=None, help="a hostfile (with --np > 1)")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="restart the job this many times after a failure (it resumes "
+                             "from the newest checkpoint when the recipe has one)")
+    parser.add_argument("--summary-json", default=None,
+                        help="also write the final summary (metrics, time, checkpoints) here")
+
+
+def _load_recipe_or_report(recipe: str, overrides, environment: bool = True):
+    """(recipe, path) or None after printing the problems to stderr."""
+    from hvdkeras.recipes import RecipeError, find_recipe, load_recipe
+
+    try:
+        loaded, _ = load_recipe(recipe, overrides, environment=environment)
+    except RecipeError as error:
+        print(f"hvdkeras: error: {error}", file=sys.stderr)
+        return None
+    return loaded, find_recipe(recipe)
+
+
+@command("train", help="train a YAML recipe on N ranks (validated before anything starts)",
+         configure=_configure_train)
+def _train(args: argparse.Namespace) -> int:
+    import os
+
+    from hvdkeras.recipes import engine_env
+    from hvdkeras.recipes.launching import launch_ranks, rank_command
+
+    if args.np < 1:
+        print(f"hvdkeras: error: --np must be at least 1, got {args.np}", file=sys.stderr)
+        return 2
+    if args.max_restarts < 0:
+        print(f"hvdkeras: error: --max-restarts must be >= 0, got {args.max_restarts}",
+              file=sys.stderr)
+        return 2
+    loaded = _load_recipe_or_report(args.recipe, args.overrides)
+    if loaded is None:
+        return 2
+    recipe, path = loaded
+    env = engine_env(recipe)
+    summary_json = os.path.abspath(args.summary_json) if args.summary_json else None
+    if args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts:
+        from hvdkeras.recipes.run import train
+
+        os.environ.update(env)
+        return train(recipe, summary_json)
+    command = rank_command(os.path.abspath(path), args.overrides, summary_json)
+    return launch_ranks(command, np=args.np, hosts=args.hosts, hostfile=args.hostfile,
+                        env=env, max_restarts=args.max_restarts)
+
+
+def _configure_validate(parser: argparse.ArgumentParser) -> None:
+    _add_recipe_arguments(parser)
+    parser.add_argument("--print", dest="show", action="store_true",
+                        help="print the recipe with every default filled in")
+    parser.add_argument("--schema-only", action="store_true",
+                        help="check the schema only (no Keras names, files or packages)")
+
+
+@command("validate", help="check a recipe (schema, names, files, packages); exit 2 if bad",
+         configure=_configure_validate)
+def _validate(args: argparse.Namespace) -> int:
+    loaded = _load_recipe_or_report(args.recipe, args.overrides,
+                                    environment=not args.schema_only)
+    if loaded is None:
+        return 2
+    recipe, path = loaded
+    if args.show:
+        import yaml
+
+        print(yaml.safe_dump(recipe, sort_keys=False, default_flow_style=None), end="")
+    data = recipe["data"]
+    print(f"hvdkeras: {path}: OK ({recipe['name']}: model {recipe['model']['name']}, "
+          f"data {data['source']}, batch {data['batch_size']} per rank)")
+    return 0
+
+
+def _configure_recipes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="print this bundled recipe")
+
+
+@command("recipes", help="list the bundled recipes (or print one)", configure=_configure_recipes)
+def _recipes(args: argparse.Namespace) -> int:
+    from hvdkeras.recipes import bundled_recipes
+    from hvdkeras.recipes.yaml_source import SourceError, load_file
+
+    bundled = bundled_recipes()
+    if args.name:
+        if args.name not in bundled:
+            print(f"hvdkeras: error: no bundled recipe {args.name!r}; bundled: "
+                  f"{', '.join(bundled)}", file=sys.stderr)
+            return 2
+        print(bundled[args.name].read_text(), end="")
+        return 0
+    width = max(len(name) for name in bundled) if bundled else 0
+    for name, path in bundled.items():
+        try:
+            description = str(load_file(str(path)).data.get("description", "")).strip()
+        except SourceError:
+            description = "(unreadable)"
+        print(f"{name:<{width}}  {description.splitlines()[0] if description else ''}")
+        print(f"{'':<{width}}  {path}")
+    print(f"\nRun one: hvdkeras train NAME --np 2   (NAME or a path; --set key.path=value "
+          "overrides)")
+    return 0
+
+
+# --------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------
 

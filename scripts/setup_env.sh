@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (if missing) the project's virtual environment and install hvdkeras
-# into it in editable mode with the test extras. Safe to run repeatedly: the
+# into it in editable mode with the test and spark extras. Safe to run repeatedly: the
 # install step is skipped while pyproject.toml and setup.py are unchanged.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
@@ -16,8 +16,8 @@ STAMP="$VENV/.hvdkeras-install-stamp"
 WANTED="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
    || ! "$VENV/bin/python" -I -c "import importlib.util as u, sys; sys.exit(u.find_spec('hvdkeras') is None)" >/dev/null 2>&1; then
-  echo "setup_env: installing hvdkeras (editable, with test extras)" >&2
-  "$VENV/bin/python" -m pip install -e ".[test]" >&2
+  echo "setup_env: installing hvdkeras (editable, with the test and spark extras)" >&2
+  "$VENV/bin/python" -m pip install -e ".[test,spark]" >&2
   echo "$WANTED" > "$STAMP"
 fi
 echo "$VENV"

@@ -1,0 +1,262 @@
+"""Checks of a valid recipe against this environment, before any process starts.
+
+`schema.validate` checks the recipe's shape without importing anything heavy;
+these checks look names up in Keras (models, optimizers and their arguments,
+losses, metrics), import `module:function` targets, find the data files, and
+check optional packages (tensorboard, tensorflow-io). Problems come back as
+`Issue`s with the same file:line locations, so `hvdkeras train` can refuse a
+recipe (exit code 2) before it launches anything. No MPI, no TensorFlow ops.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, Callable, Iterable, List, Optional
+
+from hvdkeras.recipes import schema
+from hvdkeras.recipes.spec import Issue, did_you_mean
+from hvdkeras.recipes.yaml_source import Document, Path
+
+# tensorflow-io release -> the TensorFlow versions its ops load on.
+TF_IO_COMPATIBLE = {"0.37": ("2.16", "2.17")}
+
+
+class _Collector:
+    def __init__(self, doc: Document) -> None:
+        self.doc = doc
+        self.issues: List[Issue] = []
+
+    def error(self, path: Path, message: str) -> None:
+        self.issues.append(Issue(self.doc.location(path), tuple(path), message))
+
+
+def installed_tensorflow_version() -> Optional[str]:
+    """The TensorFlow version, without importing it if it is not loaded yet."""
+    module = sys.modules.get("tensorflow")
+    if module is not None and getattr(module, "__version__", None):
+        return module.__version__
+    for distribution in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def tensorflow_io_problem() -> Optional[str]:
+    """Why tensorflow-io cannot work here (None if it should).
+
+    A tensorflow-io release this table does not know is given the benefit of
+    the doubt; reading the data then says exactly what failed.
+    """
+    if importlib.util.find_spec("tensorflow_io") is None:
+        return f"{schema.TF_IO_MESSAGE}; tensorflow-io is not installed"
+    try:
+        io_version = importlib.metadata.version("tensorflow-io")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    compatible = TF_IO_COMPATIBLE.get(".".join(io_version.split(".")[:2]))
+    version = installed_tensorflow_version() or "unknown"
+    if compatible and not version.startswith(tuple(v + "." for v in compatible)):
+        return (f"{schema.TF_IO_MESSAGE}; this environment has TensorFlow {version}, where "
+                f"the ops of tensorflow-io {io_version} fail to load")
+    return None
+
+
+def tensorboard_problem() -> Optional[str]:
+    if importlib.util.find_spec("tensorboard") is None:
+        return ("needs the 'tensorboard' package, which is not installed (TensorFlow 2.21 no "
+                "longer installs it): pip install tensorboard")
+    return None
+
+
+def _import_target(target: str, path: Path, out: _Collector, what: str) -> Optional[Callable]:
+    from hvdkeras.recipes.models import import_function
+
+    try:
+        return import_function(target)
+    except ModuleNotFoundError as error:
+        out.error(path, f"cannot import module {error.name!r} for {what} {target!r}"
+                        f" (is it installed or on PYTHONPATH?)")
+    except AttributeError:
+        module = target.partition(":")[0]
+        names = [n for n in dir(sys.modules.get(module)) if not n.startswith("_")]
+        out.error(path, f"module {module!r} has no function {target.partition(':')[2]!r}"
+                        f"{did_you_mean(target.partition(':')[2], names)}")
+    except TypeError as error:
+        out.error(path, str(error))
+    except Exception as error:  # the module raised while importing
+        out.error(path, f"importing {target!r} failed: {type(error).__name__}: {error}")
+    return None
+
+
+def _parameters_of(function: Callable) -> Optional[set]:
+    """Keyword names accepted by a function or class (through **kwargs to bases)."""
+    from hvdkeras.recipes.models import accepted_parameters
+
+    if not isinstance(function, type):
+        return accepted_parameters(function)
+    names: set = set()
+    for cls in function.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        accepted = accepted_parameters(init)
+        if accepted is not None:
+            return names | (accepted - {"self"})
+        try:
+            parameters = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        names |= {p.name for p in parameters if p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)} - {"self"}
+    return names or None
+
+
+def _check_args(function: Callable, args: dict, path: Path, out: _Collector, what: str,
+                reserved: Iterable[str] = ()) -> None:
+    accepted = _parameters_of(function)
+    if accepted is None:
+        return
+    accepted -= set(reserved)
+    for key in args:
+        if key not in accepted:
+            out.error(path + (key,), f"{what} takes no argument {key!r}"
+                                     f"{did_you_mean(key, accepted)}; it takes: "
+                                     f"{', '.join(sorted(accepted))}")
+
+
+def _check_model(recipe: dict, out: _Collector) -> None:
+    from hvdkeras.recipes.models import application_names
+
+    name = recipe["model"]["name"]
+    if ":" in name:
+        function = _import_target(name, ("model", "name"), out, "model.name")
+    else:
+        names = application_names()
+        if name not in names:
+            matches = [n for n in names if n.lower() == name.lower()]
+            hint = f" (did you mean {matches[0]!r}?)" if matches else did_you_mean(name, names)
+            out.error(("model", "name"), f"{name!r} is not a keras.applications model{hint}; "
+                                         "use one of them (ResNet50, MobileNetV2, EfficientNetB0, "
+                                         "...) or a 'module:function'")
+            return
+        import keras
+
+        function = getattr(keras.applications, name)
+    if function is not None:
+        _check_args(function, recipe["model"]["args"], ("model", "args"), out, name)
+
+
+def _check_optimizer(recipe: dict, out: _Collector) -> None:
+    from hvdkeras.recipes.training import optimizer_classes
+
+    opt = recipe["optimizer"]
+    classes = optimizer_classes()
+    cls = classes.get(opt["name"].lower())
+    if cls is None:
+        names = sorted(c.__name__ for c in classes.values())
+        out.error(("optimizer", "name"), f"{opt['name']!r} is not a Keras optimizer"
+                                         f"{did_you_mean(opt['name'], names)}; use one of "
+                                         f"{', '.join(names)}")
+        return
+    _check_args(cls, opt["args"], ("optimizer", "args"), out, cls.__name__,
+                reserved=("learning_rate",))
+
+
+def _check_named(spec: Any, path: Path, out: _Collector, kind: str) -> None:
+    from hvdkeras.recipes import training
+
+    make = training.make_loss if kind == "loss" else training.make_metric
+    names = training.loss_names() if kind == "loss" else training.metric_names()
+    name = spec if isinstance(spec, str) else spec["name"]
+    where = path if isinstance(spec, str) else path + ("name",)
+    try:
+        make(spec)
+    except TypeError as error:
+        out.error(path + ("args",), f"bad arguments for {kind} {name!r}: {error}")
+    except Exception:
+        out.error(where, f"{name!r} is not a Keras {kind}{did_you_mean(name, names)}; see "
+                         f"keras.{'losses' if kind == 'loss' else 'metrics'} for the names")
+
+
+def _check_data(recipe: dict, out: _Collector) -> None:
+    from hvdkeras.recipes import data as data_module
+
+    data = recipe["data"]
+    kind = schema.data_source_kind(data["source"])
+    if kind == "function":
+        _import_target(data["source"], ("data", "source"), out, "data.source")
+        return
+    if kind == "parquet":
+        problem = tensorflow_io_problem()
+        if problem:
+            out.error(("data", "source"), problem)
+    if kind not in schema.FILE_SOURCES:
+        return
+    lists = [(("data", "path"), data["path"])]
+    if data["validation"] is not None and data["validation"]["path"]:
+        lists.append((("data", "validation", "path"), data["validation"]["path"]))
+    for path, patterns in lists:
+        for index, pattern in enumerate(patterns):
+            if not data_module.expand_paths([pattern]):
+                out.error(path + (index,) if len(patterns) > 1 else path,
+                          f"no file matches {pattern!r}")
+    if kind == "csv":
+        files = data_module.expand_paths(data["path"])
+        if files:
+            compression = data_module.compression_for(data["compression"], files)
+            try:
+                first = data_module.read_first_line(files[0], compression)
+                data_module.csv_columns(data, first)
+            except data_module.DataError as error:
+                out.error(("data", error.field or "path"), error.message)
+            except OSError as error:
+                out.error(("data", "path"), f"cannot read {files[0]}: {error}")
+
+
+def _check_outputs(recipe: dict, out: _Collector) -> None:
+    checkpoint = recipe["checkpoint"]
+    if checkpoint is not None and os.path.exists(checkpoint["dir"]):
+        if not os.path.isdir(checkpoint["dir"]):
+            out.error(("checkpoint", "dir"), f"{checkpoint['dir']} exists and is not a directory")
+        elif not checkpoint["resume"]:
+            from hvdkeras.checkpoint_files import newest_first
+
+            found = newest_first(os.listdir(checkpoint["dir"]))
+            if found:
+                out.error(("checkpoint", "resume"),
+                          f"is false, but {checkpoint['dir']} already holds checkpoints (newest "
+                          f"{found[0][1]}), which new ones would mix with; remove them, choose "
+                          "another checkpoint.dir, or resume: true")
+    if recipe["callbacks"]["tensorboard"] is not None:
+        problem = tensorboard_problem()
+        if problem:
+            out.error(("callbacks", "tensorboard"), problem)
+
+
+def _check_engine(recipe: dict, out: _Collector) -> None:
+    from hvdkeras.config import engine_config_from_env
+
+    try:
+        engine_config_from_env(schema.engine_env(recipe))
+    except ValueError as error:
+        out.error(("engine",), str(error))
+
+
+def resolve(recipe: dict, doc: Document) -> List[Issue]:
+    """Environment checks of a normalized recipe; returns the problems found."""
+    out = _Collector(doc)
+    _check_model(recipe, out)
+    _check_optimizer(recipe, out)
+    _check_named(recipe["training"]["loss"], ("training", "loss"), out, "loss")
+    for index, metric in enumerate(recipe["training"]["metrics"]):
+        _check_named(metric, ("training", "metrics", index), out, "metric")
+    _check_data(recipe, out)
+    _check_outputs(recipe, out)
+    _check_engine(recipe, out)
+    return out.issues

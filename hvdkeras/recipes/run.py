@@ -1,0 +1,92 @@
+"""The per-rank training entry point: `python -m hvdkeras.recipes.run RECIPE`.
+
+`hvdkeras train RECIPE --np N` starts N of these (through the launcher);
+started by hand it works the same:
+
+    mpiexec -n 2 python -m hvdkeras.recipes.run recipes/digits.yaml --set training.epochs=3
+
+Every rank validates the recipe again (cheap, and the same on every rank),
+sets the engine knobs from its `engine` section unless the environment
+already has them, starts hvdkeras and trains. Exit codes: 0 done, 2 bad
+recipe or data (the message says what), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional, Sequence
+
+
+def _launch_rank() -> int:
+    """This process's rank from the launcher's environment (before MPI starts)."""
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "HVDKERAS_RANK"):
+        value = os.environ.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hvdkeras.recipes.run",
+                                     description="Train a recipe on this rank (run on every rank).")
+    parser.add_argument("recipe", help="recipe file (or the name of a bundled recipe)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.PATH=VALUE", help="override a recipe value (repeatable)")
+    parser.add_argument("--summary-json", default=None,
+                        help="rank 0 also writes the run summary to this JSON file")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from hvdkeras.recipes import RecipeError, engine_env, load_recipe
+
+    try:
+        recipe, _ = load_recipe(args.recipe, args.overrides)
+    except RecipeError as error:
+        if _launch_rank() == 0:
+            print(f"hvdkeras: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    for key, value in engine_env(recipe).items():
+        os.environ.setdefault(key, value)
+    return train(recipe, args.summary_json)
+
+
+def pin_gpu() -> None:
+    """On GPU machines: one GPU per rank on each host (local rank), memory on demand."""
+    import tensorflow as tf
+
+    import hvdkeras
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    gpu = gpus[hvdkeras.local_rank() % len(gpus)]
+    tf.config.set_visible_devices(gpu, "GPU")
+    try:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    except (ValueError, RuntimeError):  # already initialized: keep TF's setting
+        pass
+
+
+def train(recipe: dict, summary_json: Optional[str] = None) -> int:
+    """Starts hvdkeras (if needed) and trains `recipe`; returns the exit code."""
+    import hvdkeras
+    from hvdkeras.recipes.data import DataError
+    from hvdkeras.recipes.training import run
+
+    hvdkeras.init()
+    pin_gpu()
+    try:
+        run(recipe, summary_json=summary_json)
+    except DataError as error:
+        if hvdkeras.rank() == 0:
+            print(f"hvdkeras: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

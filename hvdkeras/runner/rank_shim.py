@@ -1,0 +1,244 @@
+"""Per-rank wrapper that `hvdkerasrun` starts under mpiexec (stdlib only).
+
+    python rank_shim.py --status-dir D [--log-dir L] [--attempt N] [--no-prefix] -- CMD ARGS...
+
+It runs CMD as a child (which dies with the shim: PR_SET_PDEATHSIG), prefixes
+every line the child prints with ``[rank]<stdout>: `` / ``[rank]<stderr>: ``,
+optionally appends the same lines to ``L/rank.<rank>.log``, keeps the last
+lines, and exits with the child's exit code (128 + N for signal N). When the
+child fails on its own (not because the shim was told to stop), it writes
+``D/rank.<rank>.json`` (rank, exit code or signal, last lines, time) for the
+launcher to name the failing rank.
+
+The launcher runs this file by path, not with ``-m``, so that starting a
+rank does not import the hvdkeras package (and TensorFlow) twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+TAIL_LINES = 20
+STATUS_PREFIX = "rank."
+STATUS_SUFFIX = ".json"
+_PR_SET_PDEATHSIG = 1
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+              signal.SIGUSR2)
+_KILL_GRACE_S = 10.0
+
+
+def rank_from_env(environ=os.environ) -> str:
+    """This process's rank as the MPI launcher announced it ("?" if none did)."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_RANK", "SLURM_PROCID"):
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return value
+    return "?"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def status_path(status_dir: str, rank: str) -> str:
+    return os.path.join(status_dir, f"{STATUS_PREFIX}{rank}{STATUS_SUFFIX}")
+
+
+def write_status(status_dir: str, record: dict) -> None:
+    """Writes one rank's failure record atomically."""
+    os.makedirs(status_dir, exist_ok=True)
+    final = status_path(status_dir, str(record["rank"]))
+    tmp = f"{final}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os.replace(tmp, final)
+
+
+def read_statuses(status_dir: str) -> list[dict]:
+    """All failure records in `status_dir`, earliest first."""
+    records = []
+    try:
+        names = os.listdir(status_dir)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(STATUS_PREFIX) and name.endswith(STATUS_SUFFIX):
+            try:
+                with open(os.path.join(status_dir, name), encoding="utf-8") as f:
+                    records.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return sorted(records, key=lambda r: r.get("time", 0.0))
+
+
+class _Pump(threading.Thread):
+    """Copies one child stream to ours line by line, prefixed, keeping a tail."""
+
+    def __init__(self, fd: int, out, tag: bytes, tail, lock, log) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.out, self.tag, self.tail, self.lock, self.log = fd, out, tag, tail, lock, log
+
+    def _emit(self, line: bytes) -> None:
+        data = self.tag + line + (b"" if line.endswith(b"\n") else b"\n")
+        with self.lock:
+            self.tail.append((self.tag.decode(errors="replace") + line.decode(errors="replace")).rstrip("\n"))
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError):
+                pass  # our stdout is gone (launcher ended): keep draining the child
+            if self.log is not None:
+                try:
+                    self.log.write(data)
+                    self.log.flush()
+                except OSError:
+                    pass
+
+    def run(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._emit(line + b"\n")
+            if len(pending) > 65536:  # a very long line without newline
+                self._emit(pending)
+                pending = b""
+        if pending:
+            self._emit(pending)
+        os.close(self.fd)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """preexec_fn: SIGKILL this child when the shim dies, however it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the shim died before prctl took effect
+        os._exit(1)
+
+
+def run(command: list[str], status_dir: Optional[str], log_dir: Optional[str], attempt: int,
+        prefix: bool) -> int:
+    rank = rank_from_env()
+    tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+    lock = threading.Lock()
+    log = None
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        log = open(os.path.join(log_dir, f"rank.{rank}.log"), "ab")
+        log.write(f"=== attempt {attempt}, {time.strftime('%Y-%m-%d %H:%M:%S')}, host "
+                  f"{socket.gethostname()}, pid {os.getpid()}: {' '.join(command)}\n".encode())
+        log.flush()
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the prefixer as they are printed
+    try:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, close_fds=False,  # keep inherited fds such as Hydra's PMI_FD
+            preexec_fn=lambda parent=os.getpid(): _die_with_parent(parent),
+        )
+    except OSError as exc:
+        message = f"cannot start {command[0]!r}: {exc.strerror or exc}"
+        sys.stderr.write(f"[{rank}]<stderr>: hvdkerasrun: {message}\n")
+        if status_dir:
+            write_status(status_dir, {"rank": rank, "attempt": attempt, "exit_code": 127,
+                                      "signal": None, "last_lines": [message], "time": time.time(),
+                                      "host": socket.gethostname(), "pid": os.getpid()})
+        return 127
+
+    told_to_stop = threading.Event()
+
+    def forward(signum, _frame):
+        told_to_stop.set()
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+
+    out = sys.stdout.buffer
+    err = sys.stderr.buffer
+    tag = (lambda stream: f"[{rank}]<{stream}>: ".encode()) if prefix else (lambda stream: b"")
+    pumps = [_Pump(os.dup(child.stdout.fileno()), out, tag("stdout"), tail, lock, log),
+             _Pump(os.dup(child.stderr.fileno()), err, tag("stderr"), tail, lock, log)]
+    child.stdout.close()
+    child.stderr.close()
+    for pump in pumps:
+        pump.start()
+
+    stop_deadline = None
+    while True:
+        try:
+            returncode = child.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if told_to_stop.is_set():
+            stop_deadline = stop_deadline or time.monotonic() + _KILL_GRACE_S
+            if time.monotonic() > stop_deadline:
+                child.kill()
+    for pump in pumps:
+        pump.join(timeout=5.0)
+
+    if returncode < 0:
+        exit_code, sig = 128 - returncode, signal_name(-returncode)
+    else:
+        exit_code, sig = returncode, None
+    if exit_code != 0 and status_dir and not told_to_stop.is_set():
+        with lock:
+            last = list(tail)
+        try:
+            write_status(status_dir, {"rank": rank, "attempt": attempt,
+                                      "exit_code": returncode if returncode >= 0 else None,
+                                      "signal": sig, "last_lines": last, "time": time.time(),
+                                      "host": socket.gethostname(), "pid": child.pid})
+        except OSError as exc:
+            sys.stderr.write(f"[{rank}]<stderr>: hvdkerasrun: cannot write status: {exc}\n")
+    if log is not None:
+        what = f"signal {sig}" if sig else f"exit code {exit_code}"
+        log.write(f"=== attempt {attempt} ended: {what}\n".encode())
+        log.close()
+    return exit_code
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="rank_shim", description=__doc__.splitlines()[0])
+    parser.add_argument("--status-dir")
+    parser.add_argument("--log-dir")
+    parser.add_argument("--attempt", type=int, default=1)
+    parser.add_argument("--no-prefix", action="store_true")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    return run(command, args.status_dir, args.log_dir, args.attempt, not args.no_prefix)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

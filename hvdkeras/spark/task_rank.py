@@ -1,0 +1,94 @@
+"""One rank of `hvdkeras.spark.run`: ``mpiexec -n 1 python -m hvdkeras.spark.task_rank``.
+
+Started by a Spark task (see `hvdkeras.spark.runner`), configured through
+``HVDKERAS_SPARK_*`` variables. It fetches the function from the driver's
+authenticated service, opens an MPI port, publishes it, waits for the other
+ranks' ports, joins them (`connect.chain_connect`), calls
+``hvdkeras.init(comm=world)`` and the function, and sends the result or the
+exception (with its traceback) back to the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+
+ADDRESS_ENV = "HVDKERAS_SPARK_SERVICE"  # host:port of the driver's service
+SECRET_ENV = "HVDKERAS_SPARK_SECRET"  # hex
+INDEX_ENV = "HVDKERAS_SPARK_INDEX"
+SIZE_ENV = "HVDKERAS_SPARK_SIZE"
+START_TIMEOUT_ENV = "HVDKERAS_SPARK_START_TIMEOUT"
+DEFAULT_START_TIMEOUT_S = 300.0
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _wait_for_ports(client, size: int, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = client.request("get_ports")
+        if reply["abort"]:
+            raise RuntimeError(f"job aborted before all ranks joined: {reply['abort']}")
+        if reply["ports"] is not None:
+            return reply["ports"]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not all {size} ranks published their MPI port within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def main() -> int:
+    _die_with_parent()
+    from hvdkeras.runner.service import Client
+    from hvdkeras.runner.task_files import error_record
+
+    host, _, port = os.environ[ADDRESS_ENV].rpartition(":")
+    index, size = int(os.environ[INDEX_ENV]), int(os.environ[SIZE_ENV])
+    client = Client((host, int(port)), bytes.fromhex(os.environ[SECRET_ENV]))
+    try:
+        task = client.request("task")
+        from mpi4py import MPI
+
+        from hvdkeras.spark import connect
+
+        my_port = MPI.Open_port()
+        client.request("put_port", index=index, port=my_port)
+        ports = _wait_for_ports(client, size, float(os.environ.get(START_TIMEOUT_ENV)
+                                                    or DEFAULT_START_TIMEOUT_S))
+        world = connect.chain_connect(MPI, index, size, ports)
+        MPI.Close_port(my_port)
+        fn, args, kwargs = pickle.loads(task)
+
+        import hvdkeras
+
+        hvdkeras.init(comm=world)
+        result = fn(*args, **kwargs)
+        import cloudpickle
+
+        client.request("put_result", rank=index, blob=cloudpickle.dumps(result))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
+        formatted = traceback.format_exc()
+        sys.stderr.write(formatted)
+        sys.stderr.flush()
+        try:
+            client.request("put_error", record=error_record(index, exc, formatted))
+        except Exception as report_exc:  # the driver is gone: the exit code still tells
+            sys.stderr.write(f"could not report the error to the driver: {report_exc}\n")
+        return 1
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

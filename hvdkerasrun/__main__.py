@@ -1,0 +1,5 @@
+import sys
+
+from hvdkerasrun import main
+
+sys.exit(main())
