@@ -13,6 +13,11 @@ same bytes. It prints the median time per call, the bus bandwidth
 (2 (n-1)/n * bytes / time, the convention of nccl-tests) and the ratio of
 each case to the raw floor. Rank 0 prints; times are the slowest rank's
 median.
+
+The "TF only" column times the same tf.function with each collective
+replaced by a local multiply that allocates and writes outputs of the same
+sizes: the part of each case that TensorFlow itself costs (function call,
+fresh output buffers), which no communication library can remove.
 """
 
 from __future__ import annotations
@@ -77,14 +82,37 @@ def make_cases(total_bytes: int, comm):
     def separate():
         return [hvd.allreduce(t, op=hvd.Sum, name=f"bench_sep_{i}") for i, t in enumerate(many)]
 
+    @tf.function
+    def single_local():
+        return one * 1.0
+
+    @tf.function
+    def many_local():
+        return [t * 1.0 for t in many]
+
     send = np.full(elements, rank + 1, np.float32)
     recv = np.empty_like(send)
 
     def raw():
         comm.Allreduce(send, recv, op=MPI.SUM)
 
-    return raw, {"(a) one tensor": single, "(b) grouped x100": grouped,
-                 "(c) separate x100": separate}
+    return raw, {"(a) one tensor": (single, single_local),
+                 "(b) grouped x100": (grouped, many_local),
+                 "(c) separate x100": (separate, many_local)}
+
+
+def steady_state(label: str, warm_steps: int, comm) -> None:
+    """Times case (c) after a fixed number of warm-up steps (the same on every rank)."""
+    _, cases = make_cases(SIZES[label], comm)
+    separate = cases["(c) separate x100"][0]
+    for _ in range(warm_steps):
+        separate()
+    seconds = time_calls(separate, iterations_for(SIZES[label], 1.0), comm)
+    if comm.Get_rank() == 0:
+        cfg = hvd.engine_config()
+        print(f"steady state, {label} as 100 separate allreduces: median {seconds * 1e3:.3f} ms "
+              f"(autotune {'on' if cfg.autotune else 'off'}; fusion threshold "
+              f"{cfg.fusion_threshold} B, cycle time {cfg.cycle_time_ms} ms)")
 
 
 def main() -> None:
@@ -93,10 +121,19 @@ def main() -> None:
                         + ", ".join(SIZES))
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiplies the number of timed iterations")
+    parser.add_argument("--steady", metavar="SIZE", default=None,
+                        help="instead of the table: run case (c) at SIZE for --warm-steps "
+                             "steps (autotune tunes during them when HVDKERAS_AUTOTUNE=1), "
+                             "then time it; compare runs with and without autotune")
+    parser.add_argument("--warm-steps", type=int, default=3000)
     args = parser.parse_args()
 
     hvd.init()
     comm = MPI.COMM_WORLD
+    if args.steady:
+        steady_state(args.steady, args.warm_steps, comm)
+        hvd.shutdown()
+        return
     n = comm.Get_size()
     rows = []
     for label in args.sizes.split(","):
@@ -104,19 +141,23 @@ def main() -> None:
         raw, cases = make_cases(total, comm)
         iterations = iterations_for(total, args.scale)
         floor = time_calls(raw, iterations, comm)
-        rows.append((label, "raw mpi4py Allreduce", floor, total, 1.0))
-        for name, fn in cases.items():
+        rows.append((label, "raw mpi4py Allreduce", floor, total, 1.0, float("nan")))
+        for name, (fn, local_fn) in cases.items():
             seconds = time_calls(fn, iterations, comm)
-            rows.append((label, name, seconds, total, seconds / floor))
+            local = time_calls(local_fn, iterations, comm)
+            rows.append((label, name, seconds, total, seconds / floor, local))
     if comm.Get_rank() == 0:
         cfg = hvd.engine_config()
         print(f"hvdkeras allreduce benchmark: {n} ranks, float32, op=Sum, "
               f"fusion threshold {cfg.fusion_threshold >> 20} MiB, cycle time "
               f"{cfg.cycle_time_ms} ms")
-        print(f"{'size':>6}  {'case':<22} {'median ms':>10} {'busbw GB/s':>11} {'x raw':>7}")
-        for label, name, seconds, total, ratio in rows:
+        print(f"{'size':>6}  {'case':<22} {'median ms':>10} {'busbw GB/s':>11} {'x raw':>7} "
+              f"{'TF only ms':>11}")
+        for label, name, seconds, total, ratio, local in rows:
             busbw = 2 * (n - 1) / n * total / seconds / 1e9 if n > 1 else float("nan")
-            print(f"{label:>6}  {name:<22} {seconds * 1e3:>10.3f} {busbw:>11.2f} {ratio:>7.2f}")
+            local_text = "" if local != local else f"{local * 1e3:>11.3f}"
+            print(f"{label:>6}  {name:<22} {seconds * 1e3:>10.3f} {busbw:>11.2f} {ratio:>7.2f} "
+                  f"{local_text}")
     hvd.shutdown()
 
 
