@@ -92,9 +92,14 @@ def negotiations(trace: Trace, tensor: str, op: str) -> list[dict]:
     return [s for s in trace.spans(tensor) if s["name"] == f"NEGOTIATE_{op}"]
 
 
-def check_tensor(trace: Trace, tensor: str, op: str, phases: list[str], dtype: str,
+def check_tensor(trace: Trace, tensor: str, op: str, phases: list, dtype: str,
                  shape: str, ranks: int = 2, times: int = STEPS) -> None:
-    """`tensor` was negotiated and run `times` times, with `phases` inside each run."""
+    """`tensor` was negotiated and run `times` times, with `phases` inside each run.
+
+    `phases` is one list of phase names, or a list of such lists when each run
+    may show any one of them.
+    """
+    allowed = phases if phases and isinstance(phases[0], list) else [phases]
     assert tensor in trace.names.values(), (
         f"no process_name for {tensor!r}; have {sorted(trace.names.values())}")
     spans = trace.spans(tensor)
@@ -114,7 +119,7 @@ def check_tensor(trace: Trace, tensor: str, op: str, phases: list[str], dtype: s
         assert run["args"] == {"dtype": dtype, "shape": shape}, f"{tensor}: {run['args']}"
         inside = [s["name"] for s in spans
                   if s["depth"] == 1 and run["begin"] <= s["begin"] <= s["end"] <= run["end"]]
-        assert inside == phases, f"{tensor}: phases {inside}, expected {phases}"
+        assert inside in allowed, f"{tensor}: phases {inside}, expected one of {allowed}"
 
 
 def run_job(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
@@ -143,14 +148,12 @@ def test_timeline_from_env(tmp_path):
                  ["MEMCPY_IN_FUSION_BUFFER", "MPI_REDUCE_SCATTER", "MEMCPY_OUT_FUSION_BUFFER"],
                  "float32", "[4, 3]")
     # Separate ops of one tf.function: fused when they happen to be ready in
-    # the same engine cycle (copied through the buffer), else each runs alone.
+    # the same engine cycle (copied through the buffer), else each runs alone;
+    # which one can differ from step to step.
     fused = [n for n in trace.names.values() if "fused_" in n]
     assert len(fused) == 4, sorted(trace.names.values())
     for name in fused:
-        try:
-            check_tensor(trace, name, "ALLREDUCE", fusion, "float32", "[8]")
-        except AssertionError:
-            check_tensor(trace, name, "ALLREDUCE", ["MPI_ALLREDUCE"], "float32", "[8]")
+        check_tensor(trace, name, "ALLREDUCE", [fusion, ["MPI_ALLREDUCE"]], "float32", "[8]")
     # Cycle markers are instants of their own process.
     cycles = [e for e in trace.by_tensor["(engine cycles)"] if e["name"] == "CYCLE_START"]
     assert len(cycles) >= STEPS, len(cycles)
