@@ -84,11 +84,11 @@ def make_cases(total_bytes: int, comm):
 
     @tf.function
     def single_local():
-        return one * 1.0
+        return one * 2.0  # (* 1.0 would be optimised away)
 
     @tf.function
     def many_local():
-        return [t * 1.0 for t in many]
+        return [t * 2.0 for t in many]
 
     send = np.full(elements, rank + 1, np.float32)
     recv = np.empty_like(send)
