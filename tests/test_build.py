@@ -379,13 +379,16 @@ def test_build_reuses_cache_and_rebuilds_on_source_change(tiny_tree: Path, cache
     assert not list((cache_dir / "ops").glob(".tmp-*")), "temporary build dirs left behind"
 
 
+# Each rank writes its own result file: lines two ranks print at the same
+# moment can interleave in mpiexec's merged stdout.
 RANK_SCRIPT = """
-import json, sys
+import json, pathlib, sys
 from mpi4py import MPI
 from hvdkeras import _build
 path = _build.ensure_built(source_dir=sys.argv[1])
-print("RESULT " + json.dumps({"rank": MPI.COMM_WORLD.Get_rank(),
-                             "built": _build.last_build_performed, "path": str(path)}), flush=True)
+rank = MPI.COMM_WORLD.Get_rank()
+pathlib.Path(sys.argv[2], f"result_{rank}.json").write_text(json.dumps(
+    {"rank": rank, "built": _build.last_build_performed, "path": str(path)}))
 """
 
 
@@ -396,13 +399,14 @@ def test_two_ranks_importing_at_once_build_once(tiny_tree: Path, cache_dir: Path
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = {**os.environ, "HVDKERAS_CACHE_DIR": str(cache_dir)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    out_dir = tmp_path / "results"
+    out_dir.mkdir()
     result = subprocess.run(
-        [str(mpiexec), "-n", "2", sys.executable, str(script), str(tiny_tree)],
+        [str(mpiexec), "-n", "2", sys.executable, str(script), str(tiny_tree), str(out_dir)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    results = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines()
-               if line.startswith("RESULT ")]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result_*.json"))]
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert sum(r["built"] for r in results) == 1
     assert len({r["path"] for r in results}) == 1
