@@ -121,23 +121,42 @@ def allreduce(tensor, name: Optional[str] = None, average: Optional[bool] = None
     return _allreduce_list([tensor], op, prescale_factor, postscale_factor, name)[0]
 
 
-def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale_factor: float,
-                              postscale_factor: float, name: Optional[str]) -> tf.IndexedSlices:
-    """Sum/Average of sparse rows: every rank's rows, concatenated (duplicates add up)."""
+def gather_slices(slices: Sequence[tf.IndexedSlices], name: str) -> List[tf.IndexedSlices]:
+    """Every rank's rows of each `tf.IndexedSlices`, concatenated (unscaled).
+
+    All values and indices travel in one fused allgather per dtype.
+    """
     from hvdkeras import gather_scatter
 
+    gathered = gather_scatter.grouped_allgather_mixed(
+        [s.values for s in slices] + [s.indices for s in slices], name=name)
+    return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape)
+            for s, v, i in zip(slices, gathered[:len(slices)], gathered[len(slices):])]
+
+
+def sparse_scale(op: int, prescale_factor: float, postscale_factor: float) -> float:
+    """The factor applied to gathered rows: duplicates add up, so Sum is 1."""
     if op not in (Sum, Average):
         raise ValueError(f"allreduce of tf.IndexedSlices supports Sum and Average, not "
                          f"{_REDUCE_OP_NAMES[op]}; densify with tf.convert_to_tensor first.")
-    base = name or "HvdkerasSparseAllreduce"
-    values, indices = gather_scatter.grouped_allgather_mixed(
-        [slices.values, slices.indices], name=base)
     scale = prescale_factor * postscale_factor
-    if op == Average:
-        scale /= basics.size()
-    if scale != 1.0:
-        values = values * tf.cast(tf.constant(scale, tf.float64), values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+    return scale / basics.size() if op == Average else scale
+
+
+def scale_values(values: tf.Tensor, scale: float) -> tf.Tensor:
+    """`values * scale` with the factor exact in `values`' own dtype."""
+    if scale == 1.0:
+        return values
+    return values * tf.cast(tf.constant(scale, tf.float64), values.dtype)
+
+
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale_factor: float,
+                              postscale_factor: float, name: Optional[str]) -> tf.IndexedSlices:
+    """Sum/Average of sparse rows: every rank's rows, concatenated (duplicates add up)."""
+    scale = sparse_scale(op, prescale_factor, postscale_factor)
+    gathered = gather_slices([slices], name or "HvdkerasSparseAllreduce")[0]
+    return tf.IndexedSlices(scale_values(gathered.values, scale), gathered.indices,
+                            dense_shape=gathered.dense_shape)
 
 
 @_not_converted
@@ -275,18 +294,18 @@ def _broadcast_grad(op, *grads):
                              _grad_name(op, "HvdkerasBroadcastGrad"))
     if basics.rank() == root_rank:
         return summed
-    # Non-root ranks must still run the allreduce, so their zeros must depend on
-    # it: grappler folds a bare zeros_like (static shape) to a constant, even
-    # under control_dependencies, and then prunes the allreduce (not a stateful
-    # op), leaving the root waiting forever. `* 0` is Horovod's way.
+    # Non-root ranks must still run the allreduce, so their zeros depend on it
+    # (`* 0`, Horovod's way): a bare zeros_like (static shape) is folded to a
+    # constant and would leave the allreduce with no consumer on this rank.
     return [s * 0 for s in summed]
 
 
-def _grad_name(op, default: str) -> Optional[str]:
+def _grad_name(op, default: Optional[str] = None, suffix: str = "grad") -> Optional[str]:
+    """Name for a collective in the gradient of `op`: "<its name>_<suffix>"."""
     try:
         tensor_name = op.get_attr("tensor_name")
         if isinstance(tensor_name, bytes):
             tensor_name = tensor_name.decode()
     except (ValueError, TypeError):
         tensor_name = ""
-    return f"{tensor_name}_grad" if tensor_name else default
+    return f"{tensor_name}_{suffix}" if tensor_name else default

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from hvdkeras import _library, basics
 from hvdkeras.collectives import (Average, Sum, _ALLREDUCE_DTYPES, _BROADCAST_DTYPES,
-                                  _check_dtype, _names, _not_converted, _resolve_op)
+                                  _check_dtype, _grad_name, _names, _not_converted,
+                                  _resolve_op, scale_values)
 
 
 def _to_tensors(tensors: Sequence, what: str, allowed) -> List[tf.Tensor]:
@@ -213,13 +214,6 @@ def grouped_reducescatter(tensors: Sequence, name: Optional[str] = None,
     return results  # type: ignore[return-value]
 
 
-def _grad_name(op, suffix: str) -> Optional[str]:
-    tensor_name = op.get_attr("tensor_name")
-    if isinstance(tensor_name, bytes):
-        tensor_name = tensor_name.decode()
-    return f"{tensor_name}_{suffix}" if tensor_name else None
-
-
 @tf.RegisterGradient("HvdkerasAllgather")
 def _allgather_grad(op, *grads):
     """Every rank's output holds each input's rows: sum the gradients of all
@@ -227,9 +221,9 @@ def _allgather_grad(op, *grads):
     from hvdkeras.collectives import _allreduce_list
 
     grads = [tf.convert_to_tensor(g) for g in grads]
-    summed = _allreduce_list(grads, Sum, 1.0, 1.0, _grad_name(op, "grad"))
+    summed = _allreduce_list(grads, Sum, 1.0, 1.0, _grad_name(op))
     rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in op.inputs])
-    all_rows = _allgather_list([rows[None, :]], _grad_name(op, "grad_rows"))[0]  # [size, n]
+    all_rows = _allgather_list([rows[None, :]], _grad_name(op, suffix="grad_rows"))[0]  # [size, n]
     me = basics.rank()
     start = tf.reduce_sum(all_rows[:me], axis=0)
     return [g[start[i]:start[i] + rows[i]] for i, g in enumerate(summed)]
@@ -239,7 +233,7 @@ def _allgather_grad(op, *grads):
 def _alltoall_grad(op, grad, _received_grad):
     """Rows went from rank s to rank d: their gradients go back from d to s."""
     received = op.outputs[1]
-    op_name, tensor_name = _names(_grad_name(op, "grad"), "HvdkerasAlltoallGrad")
+    op_name, tensor_name = _names(_grad_name(op), "HvdkerasAlltoallGrad")
     back, _ = _library.ops().hvdkeras_alltoall(
         tf.convert_to_tensor(grad), received, tensor_name=tensor_name, name=op_name)
     return [back, None]
@@ -252,7 +246,5 @@ def _reducescatter_grad(op, *grads):
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     if reduce_op == Average:
         scale /= basics.size()
-    gathered = _allgather_list([tf.convert_to_tensor(g) for g in grads], _grad_name(op, "grad"))
-    if scale == 1.0:
-        return gathered
-    return [g * tf.cast(tf.constant(scale, tf.float64), g.dtype) for g in gathered]
+    gathered = _allgather_list([tf.convert_to_tensor(g) for g in grads], _grad_name(op))
+    return [scale_values(g, scale) for g in gathered]

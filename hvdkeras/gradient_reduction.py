@@ -16,9 +16,9 @@ from typing import List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from hvdkeras import basics
-from hvdkeras.collectives import Average, Max, Min, Product, Sum, grouped_allreduce
+from hvdkeras.collectives import (Average, Max, Min, Product, Sum, gather_slices,
+                                  grouped_allreduce, scale_values, sparse_scale)
 from hvdkeras.compression import Compression, Compressor
-from hvdkeras.gather_scatter import grouped_allgather_mixed
 
 _SUPPORTED_OPS = {Average: "Average", Sum: "Sum"}
 
@@ -193,18 +193,13 @@ def reduce_indexed_slices(slices: List[tf.IndexedSlices], settings: ReductionSet
     """
     wire_op, prescale, postscale = scale_factors(
         settings.op, settings.gradient_predivide_factor, basics.size())
-    scale = prescale * postscale / (basics.size() if wire_op == Average else 1)
+    scale = sparse_scale(wire_op, prescale, postscale)
     packed = [settings.compression.compress(s.values) for s in slices]
-    gathered = grouped_allgather_mixed(
-        [p[0] for p in packed] + [s.indices for s in slices], name=name)
-    values, indices = gathered[:len(slices)], gathered[len(slices):]
-    result = []
-    for s, p, v, i in zip(slices, packed, values, indices):
-        v = settings.compression.decompress(v, p[1])
-        if scale != 1.0:
-            v = v * tf.cast(tf.constant(scale, tf.float64), v.dtype)
-        result.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
-    return result
+    gathered = gather_slices([tf.IndexedSlices(p[0], s.indices, dense_shape=s.dense_shape)
+                              for s, p in zip(slices, packed)], name)
+    return [tf.IndexedSlices(scale_values(settings.compression.decompress(g.values, p[1]), scale),
+                             g.indices, dense_shape=g.dense_shape)
+            for g, p in zip(gathered, packed)]
 
 
 def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
