@@ -9,15 +9,21 @@ For each total size (4 KB, 256 KB, 4 MB, 64 MB of float32) it times
   (b) 100 tensors in one `grouped_allreduce`,
   (c) 100 separate `allreduce` ops inside one `tf.function`,
 and, as the floor, mpi4py's `comm.Allreduce` of one contiguous buffer of the
-same bytes. It prints the median time per call, the bus bandwidth
-(2 (n-1)/n * bytes / time, the convention of nccl-tests) and the ratio of
-each case to the raw floor. Rank 0 prints; times are the slowest rank's
-median.
+same bytes (timed before and after the cases; the faster counts). It
+prints the median time per call, the bus bandwidth (2 (n-1)/n * bytes /
+time, the convention of nccl-tests) and the ratio of each case to the raw
+floor. Rank 0 prints; times are the slowest rank's median.
+
+Each case is shaped like a training step: the tensors are born inside the
+function (views of one buffer, as gradients come out of back-propagation)
+and their results are used inside it. `--boundary` instead passes 100
+captured tensors in and returns 100 results to Python, which adds what
+TensorFlow charges per tensor crossing a function boundary.
 
 The "TF only" column times the same tf.function with each collective
-replaced by a local multiply that allocates and writes outputs of the same
-sizes: the part of each case that TensorFlow itself costs (function call,
-fresh output buffers), which no communication library can remove.
+replaced by a local multiply that writes outputs of the same sizes: what
+TensorFlow itself costs (function call, outputs), which no communication
+library can remove.
 """
 
 from __future__ import annotations
@@ -35,62 +41,103 @@ from mpi4py import MPI  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
 
+
 SIZES = {"4KB": 4 << 10, "256KB": 256 << 10, "4MB": 4 << 20, "64MB": 64 << 20}
 NUM_TENSORS = 100
 
 
+def tensor_elements(total_bytes: int) -> int:
+    """float32 elements per tensor: a 100th of the total, in whole 64-byte lines
+    above 64 bytes (so the in-graph views stay aligned; at most 0.01% fewer bytes)."""
+    per = total_bytes // 4 // NUM_TENSORS
+    return per - per % 16 if per >= 16 else per
+
+
 def iterations_for(total_bytes: int, scale: float) -> int:
     if total_bytes >= 32 << 20:
-        n = 15
+        n = 30
     elif total_bytes >= 1 << 20:
-        n = 60
+        n = 200
     else:
-        n = 300
+        n = 400
     return max(5, int(n * scale))
 
 
-def time_calls(fn, iterations: int, comm) -> float:
-    """Median seconds per call of fn(), each call started together on all ranks."""
+def time_interleaved(fns, iterations: int, comm) -> list:
+    """Median seconds per call of each function (the slowest rank's median).
+
+    The functions take turns within every iteration, so they see the same
+    state of a noisy machine. Each call starts together on all ranks.
+    """
     for _ in range(3):  # warm up: traces, negotiation, cache fill
-        fn()
-    samples = []
+        for fn in fns:
+            fn()
+    samples = [[] for _ in fns]
     for _ in range(iterations):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    local = statistics.median(samples)
-    return comm.allreduce(local, op=MPI.MAX)
+        for fn, times in zip(fns, samples):
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return [comm.allreduce(statistics.median(times), op=MPI.MAX) for times in samples]
 
 
-def make_cases(total_bytes: int, comm):
+def time_calls(fn, iterations: int, comm) -> float:
+    return time_interleaved([fn], iterations, comm)[0]
+
+
+def make_cases(total_bytes: int, comm, boundary: bool = False):
+    """(raw floor, {case: (hvdkeras fn, TF-only fn)}) for one total size.
+
+    By default each case looks like a training step: the tensors are born
+    inside the function (views of one captured buffer, as gradients come out
+    of back-propagation) and the results are consumed inside it (the function
+    waits for them and returns a scalar). With `boundary=True` the tensors are
+    captured one by one and all results are returned to Python, which adds
+    TensorFlow's cost of passing 100 tensors across the function boundary.
+    """
     rank = comm.Get_rank()
-    elements = total_bytes // 4
-    one = tf.constant(np.full(elements, rank + 1, np.float32))
-    per = elements // NUM_TENSORS
-    many = [tf.constant(np.full(per, rank + 1, np.float32)) for _ in range(NUM_TENSORS)]
+    per = tensor_elements(total_bytes)
+    rows = tf.constant(np.full([NUM_TENSORS, per], rank + 1, np.float32))
+    base = tf.reshape(rows, [-1])
+    captured = [tf.constant(np.full(per, rank + 1, np.float32)) for _ in range(NUM_TENSORS)]
+
+    def inputs(many: bool):
+        if not many:
+            return base
+        if boundary:
+            return captured
+        # Rows whose size is a multiple of 64 bytes unstack into views, not copies.
+        return tf.unstack(rows)
+
+    def finish(outputs):
+        if boundary:
+            return outputs
+        with tf.control_dependencies(tf.nest.flatten(outputs)):
+            return tf.constant(0.0)
 
     @tf.function
     def single():
-        return hvd.allreduce(one, op=hvd.Sum, name="bench_single")
+        return finish(hvd.allreduce(inputs(False), op=hvd.Sum, name="bench_single"))
 
     @tf.function
     def grouped():
-        return hvd.grouped_allreduce(many, op=hvd.Sum, name="bench_grouped")
+        return finish(hvd.grouped_allreduce(inputs(True), op=hvd.Sum, name="bench_grouped"))
 
     @tf.function
     def separate():
-        return [hvd.allreduce(t, op=hvd.Sum, name=f"bench_sep_{i}") for i, t in enumerate(many)]
+        return finish([hvd.allreduce(t, op=hvd.Sum, name=f"bench_sep_{i}")
+                       for i, t in enumerate(inputs(True))])
 
     @tf.function
     def single_local():
-        return one * 2.0  # (* 1.0 would be optimised away)
+        return finish(inputs(False) * 2.0)  # (* 1.0 would be optimised away)
 
     @tf.function
     def many_local():
-        return [t * 2.0 for t in many]
+        return finish([t * 2.0 for t in inputs(True)])
 
-    send = np.full(elements, rank + 1, np.float32)
+    send = np.full(per * NUM_TENSORS, rank + 1, np.float32)  # the bytes the cases move
     recv = np.empty_like(send)
 
     def raw():
@@ -126,6 +173,9 @@ def main() -> None:
                              "steps (autotune tunes during them when HVDKERAS_AUTOTUNE=1), "
                              "then time it; compare runs with and without autotune")
     parser.add_argument("--warm-steps", type=int, default=3000)
+    parser.add_argument("--boundary", action="store_true",
+                        help="pass the 100 tensors into the function as captures and return "
+                             "every result to Python (adds TensorFlow's per-tensor call cost)")
     args = parser.parse_args()
 
     hvd.init()
@@ -138,14 +188,23 @@ def main() -> None:
     rows = []
     for label in args.sizes.split(","):
         total = SIZES[label]
-        raw, cases = make_cases(total, comm)
+        raw, cases = make_cases(total, comm, args.boundary)
         iterations = iterations_for(total, args.scale)
+        # Grappler turns ops whose results are only waited on into no-ops; the
+        # TF-only functions consume their results that way, so they run with
+        # that pass off (hvdkeras ops are stateful and never pruned).
+        tf.config.optimizer.set_experimental_options({"dependency_optimization": False})
+        local = time_interleaved([local_fn for _, local_fn in cases.values()], iterations, comm)
+        tf.config.optimizer.set_experimental_options({"dependency_optimization": True})
+        # The floor is timed in a tight loop of its own, before and after the
+        # cases, and the faster of the two counts (the stricter comparison).
         floor = time_calls(raw, iterations, comm)
+        seconds = [time_calls(fn, iterations, comm) for fn, _ in cases.values()]
+        floor = min(floor, time_calls(raw, iterations, comm))
+        total = tensor_elements(total) * NUM_TENSORS * 4  # the bytes every case moves
         rows.append((label, "raw mpi4py Allreduce", floor, total, 1.0, float("nan")))
-        for name, (fn, local_fn) in cases.items():
-            seconds = time_calls(fn, iterations, comm)
-            local = time_calls(local_fn, iterations, comm)
-            rows.append((label, name, seconds, total, seconds / floor, local))
+        for name, case_seconds, local_seconds in zip(cases, seconds, local):
+            rows.append((label, name, case_seconds, total, case_seconds / floor, local_seconds))
     if comm.Get_rank() == 0:
         cfg = hvd.engine_config()
         print(f"hvdkeras allreduce benchmark: {n} ranks, float32, op=Sum, "

@@ -20,6 +20,7 @@ TIMELINE = "HVDKERAS_TIMELINE"
 TIMELINE_MARK_CYCLES = "HVDKERAS_TIMELINE_MARK_CYCLES"
 AUTOTUNE = "HVDKERAS_AUTOTUNE"
 AUTOTUNE_LOG = "HVDKERAS_AUTOTUNE_LOG"
+ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
 
 # Upper bounds: what the engine can represent, with room to spare.
 MAX_FUSION_THRESHOLD = 1 << 40  # 1 TiB
@@ -47,6 +48,9 @@ class EngineConfig:
         autotune: Tune the fusion threshold and cycle time online; a knob set
             explicitly in the environment keeps its value.
         autotune_log: Rank 0 writes one CSV row per autotune trial here.
+        allreduce_chunk_bytes: Buffers larger than this are reduced as a
+            sequence of in-place MPI calls of this many bytes, which keeps
+            each piece in cache (0: one call per buffer).
         fusion_threshold_fixed: Whether the user set the fusion threshold.
         cycle_time_fixed: Whether the user set the cycle time.
     """
@@ -60,6 +64,7 @@ class EngineConfig:
     timeline_mark_cycles: bool = False
     autotune: bool = False
     autotune_log: str = ""
+    allreduce_chunk_bytes: int = 1024 * 1024
     fusion_threshold_fixed: bool = False
     cycle_time_fixed: bool = False
 
@@ -158,6 +163,9 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
         timeline_mark_cycles=_parse_bool(env, TIMELINE_MARK_CYCLES),
         autotune=_parse_bool(env, AUTOTUNE),
         autotune_log=env.get(AUTOTUNE_LOG, "").strip(),
+        allreduce_chunk_bytes=_parse_int(env, ALLREDUCE_CHUNK_BYTES,
+                                         defaults.allreduce_chunk_bytes, 0,
+                                         MAX_FUSION_THRESHOLD),
         fusion_threshold_fixed=bool(env.get(FUSION_THRESHOLD, "").strip()),
         cycle_time_fixed=bool(env.get(CYCLE_TIME, "").strip()),
     )

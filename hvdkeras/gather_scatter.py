@@ -10,7 +10,7 @@ import tensorflow as tf
 from hvdkeras import _library, basics
 from hvdkeras.collectives import (Average, Sum, _ALLREDUCE_DTYPES, _BROADCAST_DTYPES,
                                   _check_dtype, _grad_name, _names, _not_converted,
-                                  _resolve_op, scale_values)
+                                  _one_consumer, _resolve_op, scale_values)
 
 
 def _to_tensors(tensors: Sequence, what: str, allowed) -> List[tf.Tensor]:
@@ -32,7 +32,8 @@ def _by_dtype(tensors: List[tf.Tensor]) -> List[List[int]]:
 
 def _allgather_list(tensors: List[tf.Tensor], name: Optional[str]) -> List[tf.Tensor]:
     op_name, tensor_name = _names(name, "HvdkerasAllgather")
-    return _library.ops().hvdkeras_allgather(tensors, tensor_name=tensor_name, name=op_name)
+    return _one_consumer(
+        _library.ops().hvdkeras_allgather(tensors, tensor_name=tensor_name, name=op_name))
 
 
 @_not_converted
@@ -140,9 +141,9 @@ def alltoall(tensor, splits=None, name: Optional[str] = None) -> Tuple[tf.Tensor
 def _reducescatter_list(tensors: List[tf.Tensor], op: int, prescale_factor: float,
                         postscale_factor: float, name: Optional[str]) -> List[tf.Tensor]:
     op_name, tensor_name = _names(name, "HvdkerasReducescatter")
-    return _library.ops().hvdkeras_reducescatter(
+    return _one_consumer(_library.ops().hvdkeras_reducescatter(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, tensor_name=tensor_name, name=op_name)
+        postscale_factor=postscale_factor, tensor_name=tensor_name, name=op_name))
 
 
 def _check_scatter_op(op: int) -> None:

@@ -30,6 +30,7 @@ CORE_SOURCES = [
     "response_cache.cc",
     "fusion_planner.cc",
     "scaling.cc",
+    "block_pool.cc",
 ]
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120

@@ -30,15 +30,27 @@ Activity::~Activity() {
   for (PendingOp* op : batch_) timeline_->ActivityEnd(op->request.name);
 }
 
+// Allreduce kernels allocate outputs only when the engine asks.
+Status EnsureOutput(TensorRef& t) {
+  if (t.output) return Status::OK();
+  if (!t.allocate_output) {
+    return Status::Error(StatusCode::kUnknown, "internal: allreduce tensor without an output");
+  }
+  return t.allocate_output(t.shape, &t.output);
+}
+
 Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   const Request& first = batch[0]->request;
   const DataType dtype = first.dtypes[0];
   const int divisor = first.reduce_op == ReduceOp::kAverage ? ctx.mpi.size() : 1;
   const size_t element = DataTypeSize(dtype);
+  const bool finalize = divisor != 1 || first.postscale != 1.0;
 
   if (IsSingleTensor(batch)) {
     // A lone tensor is reduced straight into its output: no fusion buffer.
-    const TensorRef& t = batch[0]->tensors[0];
+    TensorRef& t = batch[0]->tensors[0];
+    Status s = EnsureOutput(t);
+    if (!s.ok()) return s;
     const int64_t n = NumElements(t.shape);
     const void* send = t.input == t.output ? nullptr : t.input;
     if (first.prescale != 1.0) {
@@ -48,44 +60,65 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     }
     {
       Activity mpi(ctx, batch, "MPI_ALLREDUCE");
-      Status s = ctx.mpi.Allreduce(send, t.output, n, dtype, first.reduce_op);
+      s = ctx.mpi.Allreduce(send, t.output, n, dtype, first.reduce_op);
       if (!s.ok()) return s;
     }
-    if (divisor != 1 || first.postscale != 1.0) {
+    if (finalize) {
       Activity scale(ctx, batch, "POSTSCALE");
       FinalizeCopy(dtype, t.output, t.output, n, divisor, first.postscale);
     }
     return Status::OK();
   }
 
-  int64_t total = 0;
+  // Every tensor starts on a 64-byte boundary (the same layout on every
+  // rank); the gaps are zeros and are reduced along with the rest.
+  std::vector<int64_t> offsets;
+  int64_t total_bytes = 0;
+  bool any_adopts = false;
   for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) total += NumElements(t.shape);
+    for (const TensorRef& t : op->tensors) {
+      offsets.push_back(total_bytes);
+      total_bytes = AlignUp(total_bytes + TensorBytes(t));
+      any_adopts = any_adopts || static_cast<bool>(t.adopt_output);
+    }
   }
-  char* buffer = ctx.buffer.Get(total * element);
+  // With outputs that can live in engine memory, the fused buffer becomes
+  // their storage: one copy in, none back.
+  std::shared_ptr<char> block;
+  if (any_adopts && ctx.blocks) block = ctx.blocks->Acquire(total_bytes);
+  char* buffer = block ? block.get() : ctx.buffer.Get(total_bytes);
   {
     Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
-    int64_t offset = 0;
+    size_t index = 0;
     for (PendingOp* op : batch) {
       for (const TensorRef& t : op->tensors) {
-        const int64_t n = NumElements(t.shape);
-        ScaleCopy(dtype, t.input, buffer + offset * element, n, first.prescale);
-        offset += n;
+        const int64_t start = offsets[index++];
+        const int64_t bytes = TensorBytes(t);
+        ScaleCopy(dtype, t.input, buffer + start, bytes / static_cast<int64_t>(element),
+                  first.prescale);
+        const int64_t end = index < offsets.size() ? offsets[index] : total_bytes;
+        std::memset(buffer + start + bytes, 0, static_cast<size_t>(end - start - bytes));
       }
     }
   }
+  const int64_t total = total_bytes / static_cast<int64_t>(element);
   {
     Activity mpi(ctx, batch, "MPI_ALLREDUCE");
     Status s = ctx.mpi.Allreduce(nullptr, buffer, total, dtype, first.reduce_op);
     if (!s.ok()) return s;
   }
-  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-  int64_t offset = 0;
+  if (finalize) {
+    Activity scale(ctx, batch, "POSTSCALE");
+    FinalizeCopy(dtype, buffer, buffer, total, divisor, first.postscale);
+  }
+  Activity copy(ctx, batch, block ? "ADOPT_OUTPUTS" : "MEMCPY_OUT_FUSION_BUFFER");
+  size_t index = 0;
   for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) {
-      const int64_t n = NumElements(t.shape);
-      FinalizeCopy(dtype, buffer + offset * element, t.output, n, divisor, first.postscale);
-      offset += n;
+    for (TensorRef& t : op->tensors) {
+      char* slot = buffer + offsets[index++];
+      Status s = block && t.adopt_output ? t.adopt_output(block, slot) : EnsureOutput(t);
+      if (!s.ok()) return s;
+      if (!(block && t.adopt_output)) std::memcpy(t.output, slot, TensorBytes(t));
     }
   }
   return Status::OK();

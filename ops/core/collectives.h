@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/block_pool.h"
 #include "core/engine_op.h"
 #include "core/mpi_context.h"
 #include "core/timeline.h"
@@ -28,6 +29,7 @@ struct ExecContext {
   const MpiContext& mpi;
   FusionBuffer& buffer;
   Timeline* timeline;  // null unless rank 0 is tracing
+  BlockPool* blocks;   // fused allreduce results handed out as outputs
 };
 
 // Records an execution phase of every op in a batch on the timeline.

@@ -115,6 +115,7 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   current_cycle_time_ms_ = config.cycle_time_ms;
   Status s = mpi_.Open(comm);
   if (!s.ok()) return s;
+  mpi_.set_allreduce_chunk_bytes(config.allreduce_chunk_bytes);
   pending_.clear();
   pending_by_name_.clear();
   stand_ins_.clear();
@@ -534,7 +535,8 @@ std::vector<Status> Engine::Execute(const std::vector<PendingOp*>& ready) {
 }
 
 Status Engine::ExecuteBatch(const std::vector<PendingOp*>& batch) {
-  ExecContext ctx{mpi_, fusion_buffer_, timeline_.active() ? &timeline_ : nullptr};
+  ExecContext ctx{mpi_, fusion_buffer_, timeline_.active() ? &timeline_ : nullptr,
+                  &output_blocks_};
   switch (batch[0]->request.op_type) {
     case OpType::kAllreduce: return RunAllreduce(ctx, batch);
     case OpType::kBroadcast: return RunBroadcast(ctx, batch);

@@ -42,6 +42,7 @@ struct EngineConfig {
   bool autotune_threshold_fixed = false;         // the user set it: keep it
   bool autotune_cycle_time_fixed = false;
   std::string autotune_log;                      // CSV of trials (rank 0)
+  int64_t allreduce_chunk_bytes = int64_t{1} << 20;  // 0: one MPI call per buffer
 };
 
 class Engine {
@@ -116,6 +117,9 @@ class Engine {
   std::unique_ptr<Coordinator> coordinator_;
   std::vector<uint64_t> invalid_slots_;  // this cycle's local invalidations
   FusionBuffer fusion_buffer_;
+  // Fused allreduce results handed out as outputs; up to 256 MiB of released
+  // blocks are kept for the next steps.
+  BlockPool output_blocks_{int64_t{256} << 20};
   Timeline timeline_;
   std::chrono::steady_clock::time_point last_stall_check_;
   std::unique_ptr<Autotuner> tuner_;  // rank 0, when autotuning

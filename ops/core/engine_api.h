@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,14 +16,24 @@ namespace hvdkeras {
 // alltoall, reducescatter) and stores its address in *data.
 using AllocateOutput = std::function<Status(const Shape& shape, void** data)>;
 
+// Makes `data`, which lies in engine memory kept alive by `owner`, the
+// output: the framework wraps it as its output tensor and drops `owner` when
+// that tensor is released. Only for outputs of the input's shape.
+using AdoptOutput = std::function<Status(std::shared_ptr<char> owner, void* data)>;
+
 // One tensor of a request.
 struct TensorRef {
   const void* input = nullptr;
-  // For allreduce and broadcast: an output buffer of the input's size,
-  // allocated by the caller (it may be the input buffer).
+  // For broadcast: an output buffer of the input's size, allocated by the
+  // caller (it may be the input buffer). Allreduce leaves it null and sets
+  // allocate_output and adopt_output: the engine then either adopts a slice
+  // of its fused buffer as the output (no copy back) or asks for a buffer.
   void* output = nullptr;
-  // For ops whose output shape is decided by negotiation.
+  // Allocates the output once the engine knows it needs one: for ops whose
+  // output shape is decided by negotiation, and for allreduce (which may
+  // reuse the input buffer).
   AllocateOutput allocate_output;
+  AdoptOutput adopt_output;
   // Alltoall: receives the number of rows that came from each rank.
   std::function<void(const std::vector<int64_t>&)> receive_splits;
   DataType dtype = DataType::kFloat32;

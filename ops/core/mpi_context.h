@@ -23,6 +23,10 @@ class MpiContext {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  // Large allreduces run as a sequence of in-place reductions of this many
+  // bytes (0: one call), which keeps each step's data in cache.
+  void set_allreduce_chunk_bytes(int64_t bytes) { allreduce_chunk_bytes_ = bytes; }
+
   // Reduces `count` elements. sendbuf == nullptr means in place on recvbuf.
   Status Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
                    ReduceOp op) const;
@@ -51,6 +55,7 @@ class MpiContext {
   // [0] float16, [1] bfloat16; each: sum, min, max, product.
   MPI_Op half_ops_[2][4] = {};
   bool ops_created_ = false;
+  int64_t allreduce_chunk_bytes_ = int64_t{1} << 20;
 };
 
 }  // namespace hvdkeras

@@ -87,6 +87,57 @@ absl::Status PrepareLazyTensor(tf::OpKernelContext* ctx, int i, std::vector<Tens
   return absl::OkStatus();
 }
 
+// Host memory owned by the engine (a slice of its fused buffer), wrapped as a
+// TensorFlow buffer; the engine's block lives until the tensor is released.
+class EngineBuffer : public tf::TensorBuffer {
+ public:
+  EngineBuffer(std::shared_ptr<char> owner, void* data, size_t bytes)
+      : tf::TensorBuffer(data), owner_(std::move(owner)), bytes_(bytes) {}
+  size_t size() const override { return bytes_; }
+  tf::TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tf::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocator_name("hvdkeras_fused_output");
+  }
+
+ private:
+  std::shared_ptr<char> owner_;
+  size_t bytes_;
+};
+
+// Builds the engine's view of allreduce input i. The output is made only
+// when the engine knows where the result will be: a slice of its fused
+// buffer (adopted, no copy back) or a buffer of our own, which reuses the
+// input's when TensorFlow allows it.
+absl::Status PrepareAllreduceTensor(tf::OpKernelContext* ctx, int i,
+                                    std::vector<TensorRef>* refs) {
+  const tf::Tensor& input = ctx->input(i);
+  TensorRef ref;
+  if (!ToEngineType(input.dtype(), &ref.dtype)) {
+    return absl::InvalidArgumentError("hvdkeras: unsupported dtype " +
+                                      tf::DataTypeString(input.dtype()));
+  }
+  ref.input = input.tensor_data().data();
+  for (int d = 0; d < input.dims(); ++d) ref.shape.push_back(input.dim_size(d));
+  ref.allocate_output = [ctx, i](const Shape&, void** data) {
+    tf::Tensor* output = nullptr;
+    absl::Status s = ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &output);
+    if (!s.ok()) return Status::Error(StatusCode::kUnknown, std::string(s.message()));
+    *data = const_cast<char*>(output->tensor_data().data());
+    return Status::OK();
+  };
+  ref.adopt_output = [ctx, i](std::shared_ptr<char> owner, void* data) {
+    const tf::Tensor& in = ctx->input(i);
+    const size_t bytes = in.TotalBytes();
+    tf::core::RefCountPtr<tf::TensorBuffer> buffer(
+        new EngineBuffer(std::move(owner), data, bytes));
+    ctx->set_output(i, tf::Tensor(in.dtype(), in.shape(), std::move(buffer)));
+    return Status::OK();
+  };
+  refs->push_back(std::move(ref));
+  return absl::OkStatus();
+}
+
 class CollectiveKernel : public tf::AsyncOpKernel {
  public:
   explicit CollectiveKernel(tf::OpKernelConstruction* c) : tf::AsyncOpKernel(c) {
@@ -97,9 +148,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     std::vector<TensorRef> refs;
     for (int i = 0; i < num_data_inputs(ctx); ++i) {
-      OP_REQUIRES_OK_ASYNC(
-          ctx, lazy_outputs() ? PrepareLazyTensor(ctx, i, &refs) : PrepareTensor(ctx, i, &refs),
-          done);
+      OP_REQUIRES_OK_ASYNC(ctx, Prepare(ctx, i, &refs), done);
     }
     hvdkeras::DoneCallback finish = [ctx, done](const Status& status) {
       if (!status.ok()) ctx->SetStatus(ToTfStatus(status));
@@ -115,8 +164,11 @@ class CollectiveKernel : public tf::AsyncOpKernel {
  protected:
   virtual Status Submit(tf::OpKernelContext* ctx, std::vector<TensorRef> refs,
                         hvdkeras::DoneCallback finish) = 0;
-  // Whether outputs are allocated after negotiation instead of up front.
-  virtual bool lazy_outputs() const { return false; }
+  // How input i and its output are handed to the engine: by default the
+  // output is allocated up front with the input's shape.
+  virtual absl::Status Prepare(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) {
+    return PrepareTensor(ctx, i, refs);
+  }
   // How many leading inputs are data tensors (the rest are parameters).
   virtual int num_data_inputs(tf::OpKernelContext* ctx) const { return ctx->num_inputs(); }
   std::string tensor_name_;
@@ -136,6 +188,9 @@ class AllreduceKernel : public CollectiveKernel {
   }
 
  protected:
+  absl::Status Prepare(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) override {
+    return PrepareAllreduceTensor(ctx, i, refs);
+  }
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
     return EnqueueAllreduce(tensor_name_, std::move(refs), reduce_op_, prescale_, postscale_,
@@ -172,7 +227,9 @@ class AllgatherKernel : public CollectiveKernel {
   using CollectiveKernel::CollectiveKernel;
 
  protected:
-  bool lazy_outputs() const override { return true; }
+  absl::Status Prepare(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) override {
+    return PrepareLazyTensor(ctx, i, refs);
+  }
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
     return EnqueueAllgather(tensor_name_, std::move(refs), std::move(finish));
@@ -184,7 +241,9 @@ class ReducescatterKernel : public AllreduceKernel {
   using AllreduceKernel::AllreduceKernel;
 
  protected:
-  bool lazy_outputs() const override { return true; }
+  absl::Status Prepare(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) override {
+    return PrepareLazyTensor(ctx, i, refs);
+  }
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
     return EnqueueReducescatter(tensor_name_, std::move(refs), reduce_op(), prescale(),
@@ -197,7 +256,9 @@ class AlltoallKernel : public CollectiveKernel {
   using CollectiveKernel::CollectiveKernel;
 
  protected:
-  bool lazy_outputs() const override { return true; }
+  absl::Status Prepare(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) override {
+    return PrepareLazyTensor(ctx, i, refs);
+  }
   int num_data_inputs(tf::OpKernelContext*) const override { return 1; }
   Status Submit(tf::OpKernelContext* ctx, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
