@@ -5,7 +5,9 @@ with `json.load`. In the trace each tensor name is a process (a
 "process_name" metadata event); per tensor there is a NEGOTIATE_<OP>
 duration with one "rank N ready" instant per rank, then an <OP> duration
 (args: dtype and shape) holding the execution phases (MPI_ALLREDUCE, ...;
-MEMCPY_IN/OUT_FUSION_BUFFER around it when a buffer is fused).
+MEMCPY_IN_FUSION_BUFFER before it when a buffer is fused, then
+MEMCPY_OUT_FUSION_BUFFER, or ADOPT_OUTPUTS for an allreduce whose outputs
+are slices of the fused buffer).
 
 The last test SIGKILLs a running job and checks the file still parses.
 """
@@ -137,9 +139,10 @@ def test_timeline_from_env(tmp_path):
     run_job(["env", str(STEPS)], env={"HVDKERAS_TIMELINE": str(path),
                                       "HVDKERAS_TIMELINE_MARK_CYCLES": "1"})
     trace = Trace(path)
-    # A lone tensor goes straight to MPI; a group is copied through the fusion buffer.
+    # A lone tensor goes straight to MPI; a group is copied into a fused
+    # buffer whose slices then become the outputs.
     check_tensor(trace, "tl_single", "ALLREDUCE", ["MPI_ALLREDUCE"], "float32", "[4]")
-    fusion = ["MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
+    fusion = ["MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "ADOPT_OUTPUTS"]
     check_tensor(trace, "tl_grouped", "ALLREDUCE", fusion, "float32,float32", "[3],[2, 2]")
     check_tensor(trace, "tl_gather", "ALLGATHER", ["MPI_ALLGATHER"], "int32", "[1, 2]")
     check_tensor(trace, "tl_bcast", "BROADCAST", ["MPI_BCAST"], "int32", "[5]")
