@@ -162,12 +162,40 @@ def steady_state(label: str, warm_steps: int, comm) -> None:
               f"{cfg.fusion_threshold} B, cycle time {cfg.cycle_time_ms} ms)")
 
 
+RAW = "raw mpi4py Allreduce"
+
+
+def measure_size(label: str, args, comm) -> dict:
+    """One pass over one size: {(label, case): (seconds, ratio to raw, TF-only seconds)}."""
+    total = SIZES[label]
+    raw, cases = make_cases(total, comm, args.boundary)
+    iterations = iterations_for(total, args.scale)
+    # Grappler turns ops whose results are only waited on into no-ops; the
+    # TF-only functions consume their results that way, so they run with
+    # that pass off (hvdkeras ops are stateful and never pruned).
+    tf.config.optimizer.set_experimental_options({"dependency_optimization": False})
+    local = time_interleaved([local_fn for _, local_fn in cases.values()], iterations, comm)
+    tf.config.optimizer.set_experimental_options({"dependency_optimization": True})
+    # The floor is timed in a tight loop of its own, before and after the
+    # cases, and the faster of the two counts (the stricter comparison).
+    floor = time_calls(raw, iterations, comm)
+    seconds = [time_calls(fn, iterations, comm) for fn, _ in cases.values()]
+    floor = min(floor, time_calls(raw, iterations, comm))
+    out = {(label, RAW): (floor, 1.0, float("nan"))}
+    for name, case_seconds, local_seconds in zip(cases, seconds, local):
+        out[(label, name)] = (case_seconds, case_seconds / floor, local_seconds)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated subset of "
                         + ", ".join(SIZES))
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiplies the number of timed iterations")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="passes over all sizes; the table shows medians over passes "
+                             "(this VM's speed drifts by up to 2x between seconds)")
     parser.add_argument("--steady", metavar="SIZE", default=None,
                         help="instead of the table: run case (c) at SIZE for --warm-steps "
                              "steps (autotune tunes during them when HVDKERAS_AUTOTUNE=1), "
@@ -185,38 +213,31 @@ def main() -> None:
         hvd.shutdown()
         return
     n = comm.Get_size()
-    rows = []
-    for label in args.sizes.split(","):
-        total = SIZES[label]
-        raw, cases = make_cases(total, comm, args.boundary)
-        iterations = iterations_for(total, args.scale)
-        # Grappler turns ops whose results are only waited on into no-ops; the
-        # TF-only functions consume their results that way, so they run with
-        # that pass off (hvdkeras ops are stateful and never pruned).
-        tf.config.optimizer.set_experimental_options({"dependency_optimization": False})
-        local = time_interleaved([local_fn for _, local_fn in cases.values()], iterations, comm)
-        tf.config.optimizer.set_experimental_options({"dependency_optimization": True})
-        # The floor is timed in a tight loop of its own, before and after the
-        # cases, and the faster of the two counts (the stricter comparison).
-        floor = time_calls(raw, iterations, comm)
-        seconds = [time_calls(fn, iterations, comm) for fn, _ in cases.values()]
-        floor = min(floor, time_calls(raw, iterations, comm))
-        total = tensor_elements(total) * NUM_TENSORS * 4  # the bytes every case moves
-        rows.append((label, "raw mpi4py Allreduce", floor, total, 1.0, float("nan")))
-        for name, case_seconds, local_seconds in zip(cases, seconds, local):
-            rows.append((label, name, case_seconds, total, case_seconds / floor, local_seconds))
+    labels = args.sizes.split(",")
+    results: dict = {}  # (label, case) -> per-pass (seconds, ratio, TF-only seconds)
+    sizes = {}
+    for _ in range(args.repeat):
+        for label in labels:
+            for key, value in measure_size(label, args, comm).items():
+                results.setdefault(key, []).append(value)
+            sizes[label] = tensor_elements(SIZES[label]) * NUM_TENSORS * 4
     if comm.Get_rank() == 0:
         cfg = hvd.engine_config()
         print(f"hvdkeras allreduce benchmark: {n} ranks, float32, op=Sum, "
               f"fusion threshold {cfg.fusion_threshold >> 20} MiB, cycle time "
-              f"{cfg.cycle_time_ms} ms")
+              f"{cfg.cycle_time_ms} ms, {args.repeat} passes (medians; x raw range "
+              f"over passes)")
         print(f"{'size':>6}  {'case':<22} {'median ms':>10} {'busbw GB/s':>11} {'x raw':>7} "
-              f"{'TF only ms':>11}")
-        for label, name, seconds, total, ratio, local in rows:
-            busbw = 2 * (n - 1) / n * total / seconds / 1e9 if n > 1 else float("nan")
+              f"{'x raw range':>12} {'TF only ms':>11}")
+        for (label, name), passes in results.items():
+            seconds = statistics.median(p[0] for p in passes)
+            ratios = [p[1] for p in passes]
+            local = statistics.median(p[2] for p in passes)
+            busbw = 2 * (n - 1) / n * sizes[label] / seconds / 1e9 if n > 1 else float("nan")
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if name != RAW else ""
             local_text = "" if local != local else f"{local * 1e3:>11.3f}"
-            print(f"{label:>6}  {name:<22} {seconds * 1e3:>10.3f} {busbw:>11.2f} {ratio:>7.2f} "
-                  f"{local_text}")
+            print(f"{label:>6}  {name:<22} {seconds * 1e3:>10.3f} {busbw:>11.2f} "
+                  f"{statistics.median(ratios):>7.2f} {spread:>12} {local_text}")
     hvd.shutdown()
 
 

@@ -47,8 +47,15 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   const bool finalize = divisor != 1 || first.postscale != 1.0;
 
   if (IsSingleTensor(batch)) {
-    // A lone tensor is reduced straight into its output: no fusion buffer.
+    // A lone tensor is reduced straight into its output: the input itself
+    // when nothing else holds it, else a pooled block (reused pages).
     TensorRef& t = batch[0]->tensors[0];
+    std::shared_ptr<char> block;
+    if (!t.output && !(t.reuse_input && t.reuse_input(&t.output)) && t.adopt_output &&
+        ctx.blocks) {
+      block = ctx.blocks->Acquire(TensorBytes(t));
+      t.output = block.get();
+    }
     Status s = EnsureOutput(t);
     if (!s.ok()) return s;
     const int64_t n = NumElements(t.shape);
@@ -67,7 +74,7 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
       Activity scale(ctx, batch, "POSTSCALE");
       FinalizeCopy(dtype, t.output, t.output, n, divisor, first.postscale);
     }
-    return Status::OK();
+    return block ? t.adopt_output(block, block.get()) : Status::OK();
   }
 
   // Every tensor starts on a 64-byte boundary (the same layout on every

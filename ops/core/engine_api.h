@@ -34,6 +34,9 @@ struct TensorRef {
   // reuse the input buffer).
   AllocateOutput allocate_output;
   AdoptOutput adopt_output;
+  // Allreduce: makes the input buffer the output when the framework allows
+  // it (nothing else holds the input) and stores it in *data; false if not.
+  std::function<bool(void** data)> reuse_input;
   // Alltoall: receives the number of rows that came from each rank.
   std::function<void(const std::vector<int64_t>&)> receive_splits;
   DataType dtype = DataType::kFloat32;

@@ -126,6 +126,14 @@ absl::Status PrepareAllreduceTensor(tf::OpKernelContext* ctx, int i,
     *data = const_cast<char*>(output->tensor_data().data());
     return Status::OK();
   };
+  ref.reuse_input = [ctx, i](void** data) {
+    tf::Tensor* output = nullptr;
+    if (!ctx->forward_input_to_output_with_shape(i, i, ctx->input(i).shape(), &output)) {
+      return false;
+    }
+    *data = const_cast<char*>(output->tensor_data().data());
+    return true;
+  };
   ref.adopt_output = [ctx, i](std::shared_ptr<char> owner, void* data) {
     const tf::Tensor& in = ctx->input(i);
     const size_t bytes = in.TotalBytes();
