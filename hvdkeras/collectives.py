@@ -82,7 +82,8 @@ def _one_consumer(outputs: List[tf.Tensor]) -> List[tf.Tensor]:
     separate thread-pool task. With one IdentityN as the only consumer, one
     task is queued and the consumers behind it run inline (measured: 100
     outputs of one grouped allreduce returned from a `tf.function` in
-    0.84 ms instead of 1.5 ms on two ranks). Eagerly there is no executor.
+    0.75 ms instead of 1.65 ms on two ranks; the same function with local
+    multiplies takes 0.63 ms). Eagerly there is no executor.
     """
     if len(outputs) < 2 or tf.executing_eagerly():
         return list(outputs)

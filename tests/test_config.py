@@ -24,8 +24,9 @@ TIMELINE = config.TIMELINE
 MARK_CYCLES = config.TIMELINE_MARK_CYCLES
 AUTOTUNE = config.AUTOTUNE
 AUTOTUNE_LOG = config.AUTOTUNE_LOG
+CHUNK = config.ALLREDUCE_CHUNK_BYTES
 ALL_KEYS = (FUSION, CYCLE, CACHE, STALL_CHECK, STALL_DISABLE, STALL_SHUTDOWN, TIMELINE,
-            MARK_CYCLES, AUTOTUNE, AUTOTUNE_LOG)
+            MARK_CYCLES, AUTOTUNE, AUTOTUNE_LOG, CHUNK)
 
 
 def test_variable_names():
@@ -40,6 +41,7 @@ def test_variable_names():
         "HVDKERAS_TIMELINE_MARK_CYCLES",
         "HVDKERAS_AUTOTUNE",
         "HVDKERAS_AUTOTUNE_LOG",
+        "HVDKERAS_ALLREDUCE_CHUNK_BYTES",
     )
 
 
@@ -201,7 +203,13 @@ def _assert_names_variable_and_value(excinfo, key, raw):
     assert raw.strip() in message, message
 
 
-@pytest.mark.parametrize("key", [FUSION, CACHE])
+@pytest.mark.parametrize("raw, expected", [("0", 0), ("65536", 65536), (" 4194304 ", 4 << 20)])
+def test_allreduce_chunk_bytes_parsed(raw, expected):
+    assert EngineConfig().allreduce_chunk_bytes == 1 << 20
+    assert engine_config_from_env({CHUNK: raw}).allreduce_chunk_bytes == expected
+
+
+@pytest.mark.parametrize("key", [FUSION, CACHE, CHUNK])
 @pytest.mark.parametrize("raw", ["abc", "1.5", "1e6", "0x10", "12kb", "one", "--1", "nan"])
 def test_integer_knobs_reject_non_integers(key, raw):
     with pytest.raises(ValueError) as excinfo:
@@ -209,7 +217,7 @@ def test_integer_knobs_reject_non_integers(key, raw):
     _assert_names_variable_and_value(excinfo, key, raw)
 
 
-@pytest.mark.parametrize("key", [FUSION, CACHE])
+@pytest.mark.parametrize("key", [FUSION, CACHE, CHUNK])
 @pytest.mark.parametrize("raw", ["-1", "-4096", " -2 "])
 def test_integer_knobs_reject_negative(key, raw):
     with pytest.raises(ValueError) as excinfo:
