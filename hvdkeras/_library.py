@@ -33,6 +33,7 @@ def _bind_c_api(lib: ctypes.CDLL) -> None:
         ctypes.c_int,  # autotune: cycle time fixed
         ctypes.c_char_p,  # autotune log
         ctypes.c_int64,  # allreduce chunk bytes
+        ctypes.c_int,  # shared-memory allreduce
         ctypes.c_char_p,  # error buffer
         ctypes.c_int,  # its capacity
     ]

@@ -120,7 +120,8 @@ def init(comm: Any = None) -> None:
         config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds,
         config.timeline_path.encode(), int(config.timeline_mark_cycles), int(config.autotune),
         int(config.fusion_threshold_fixed), int(config.cycle_time_fixed),
-        config.autotune_log.encode(), config.allreduce_chunk_bytes, error, len(error),
+        config.autotune_log.encode(), config.allreduce_chunk_bytes,
+        int(config.shm_allreduce), error, len(error),
     )
     if rc != 0:
         for c in (cross_comm, local_comm, engine_comm):

@@ -21,6 +21,7 @@ TIMELINE_MARK_CYCLES = "HVDKERAS_TIMELINE_MARK_CYCLES"
 AUTOTUNE = "HVDKERAS_AUTOTUNE"
 AUTOTUNE_LOG = "HVDKERAS_AUTOTUNE_LOG"
 ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
+SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
 
 # Upper bounds: what the engine can represent, with room to spare.
 MAX_FUSION_THRESHOLD = 1 << 40  # 1 TiB
@@ -51,6 +52,8 @@ class EngineConfig:
         allreduce_chunk_bytes: Buffers larger than this are reduced as a
             sequence of in-place MPI calls of this many bytes, which keeps
             each piece in cache (0: one call per buffer).
+        shm_allreduce: When every rank runs on one host, reduce through a
+            shared-memory window of the engine's own instead of MPI calls.
         fusion_threshold_fixed: Whether the user set the fusion threshold.
         cycle_time_fixed: Whether the user set the cycle time.
     """
@@ -65,6 +68,7 @@ class EngineConfig:
     autotune: bool = False
     autotune_log: str = ""
     allreduce_chunk_bytes: int = 1024 * 1024
+    shm_allreduce: bool = True
     fusion_threshold_fixed: bool = False
     cycle_time_fixed: bool = False
 
@@ -119,9 +123,11 @@ def _parse_seconds(env: Mapping[str, str], key: str, default: float) -> float:
     return value
 
 
-def _parse_bool(env: Mapping[str, str], key: str) -> bool:
+def _parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
     raw = env.get(key, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
+    if not raw:
+        return default
+    if raw in ("0", "false", "no", "off"):
         return False
     if raw in ("1", "true", "yes", "on"):
         return True
@@ -166,6 +172,7 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
         allreduce_chunk_bytes=_parse_int(env, ALLREDUCE_CHUNK_BYTES,
                                          defaults.allreduce_chunk_bytes, 0,
                                          MAX_FUSION_THRESHOLD),
+        shm_allreduce=_parse_bool(env, SHM_ALLREDUCE, default=True),
         fusion_threshold_fixed=bool(env.get(FUSION_THRESHOLD, "").strip()),
         cycle_time_fixed=bool(env.get(CYCLE_TIME, "").strip()),
     )

@@ -59,3 +59,19 @@ def test_parallel_file(np, test_file):
              "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
     )
     assert result.returncode == 0, describe(result)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.parametrize("np", (2, 3), ids=lambda n: f"np{n}")
+def test_large_allreduce_through_mpi(np):
+    """The big-buffer tests again with the shared-memory allreduce off (MPI pieces)."""
+    result = run_under_mpi(
+        np,
+        ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+         str(PARALLEL_DIR / "test_allreduce_large.py")],
+        timeout=JOB_TIMEOUT_S,
+        env={"HVDKERAS_UNDER_MPI": "1", "HVDKERAS_SHM_ALLREDUCE": "0",
+             "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
+    )
+    assert result.returncode == 0, describe(result)

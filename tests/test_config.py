@@ -25,8 +25,9 @@ MARK_CYCLES = config.TIMELINE_MARK_CYCLES
 AUTOTUNE = config.AUTOTUNE
 AUTOTUNE_LOG = config.AUTOTUNE_LOG
 CHUNK = config.ALLREDUCE_CHUNK_BYTES
+SHM = config.SHM_ALLREDUCE
 ALL_KEYS = (FUSION, CYCLE, CACHE, STALL_CHECK, STALL_DISABLE, STALL_SHUTDOWN, TIMELINE,
-            MARK_CYCLES, AUTOTUNE, AUTOTUNE_LOG, CHUNK)
+            MARK_CYCLES, AUTOTUNE, AUTOTUNE_LOG, CHUNK, SHM)
 
 
 def test_variable_names():
@@ -42,6 +43,7 @@ def test_variable_names():
         "HVDKERAS_AUTOTUNE",
         "HVDKERAS_AUTOTUNE_LOG",
         "HVDKERAS_ALLREDUCE_CHUNK_BYTES",
+        "HVDKERAS_SHM_ALLREDUCE",
     )
 
 
@@ -257,7 +259,18 @@ def test_stall_seconds_reject_bad_values(key, raw):
     assert ">= 0" in str(excinfo.value)
 
 
-@pytest.mark.parametrize("key", [MARK_CYCLES, AUTOTUNE, STALL_DISABLE])
+def test_shm_allreduce_is_on_unless_turned_off():
+    assert EngineConfig().shm_allreduce is True
+    assert engine_config_from_env({}).shm_allreduce is True
+    assert engine_config_from_env({SHM: "  "}).shm_allreduce is True
+    for raw in TRUE_WORDS:
+        assert engine_config_from_env({SHM: raw}).shm_allreduce is True, raw
+    for raw in FALSE_WORDS:
+        if raw.strip():
+            assert engine_config_from_env({SHM: raw}).shm_allreduce is False, raw
+
+
+@pytest.mark.parametrize("key", [MARK_CYCLES, AUTOTUNE, STALL_DISABLE, SHM])
 @pytest.mark.parametrize("raw", ["2", "maybe", "y", "enabled", "-1", "1.0"])
 def test_boolean_knobs_reject_other_words(key, raw):
     with pytest.raises(ValueError) as excinfo:

@@ -31,6 +31,7 @@ CORE_SOURCES = [
     "fusion_planner.cc",
     "scaling.cc",
     "block_pool.cc",
+    "reduce_kernels.cc",
 ]
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120

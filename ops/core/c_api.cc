@@ -27,7 +27,8 @@ int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cyc
                           double stall_shutdown_seconds, const char* timeline_path,
                           int timeline_mark_cycles, int autotune, int autotune_threshold_fixed,
                           int autotune_cycle_time_fixed, const char* autotune_log,
-                          int64_t allreduce_chunk_bytes, char* error, int error_capacity) {
+                          int64_t allreduce_chunk_bytes, int shm_allreduce, char* error,
+                          int error_capacity) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -48,6 +49,7 @@ int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cyc
   config.autotune_cycle_time_fixed = autotune_cycle_time_fixed != 0;
   config.autotune_log = autotune_log ? autotune_log : "";
   config.allreduce_chunk_bytes = allreduce_chunk_bytes;
+  config.shm_allreduce = shm_allreduce != 0;
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
   hvdkeras::Status s = hvdkeras::Engine::Instance().Start(comm, config);
   if (!s.ok()) {

@@ -9,6 +9,7 @@
 #include "core/block_pool.h"
 #include "core/engine_op.h"
 #include "core/mpi_context.h"
+#include "core/shm_allreduce.h"
 #include "core/timeline.h"
 
 namespace hvdkeras {
@@ -30,6 +31,7 @@ struct ExecContext {
   FusionBuffer& buffer;
   Timeline* timeline;  // null unless rank 0 is tracing
   BlockPool* blocks;   // fused allreduce results handed out as outputs
+  ShmAllreduce* shm;   // allreduce through shared memory, when active
 };
 
 // Records an execution phase of every op in a batch on the timeline.

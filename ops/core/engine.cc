@@ -116,6 +116,14 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   Status s = mpi_.Open(comm);
   if (!s.ok()) return s;
   mpi_.set_allreduce_chunk_bytes(config.allreduce_chunk_bytes);
+  if (config.shm_allreduce) {
+    // Pieces as long as the MPI chunks (4 MiB when those are off), at least 64 KiB.
+    const int64_t chunk = config.allreduce_chunk_bytes > 0 ? config.allreduce_chunk_bytes
+                                                           : int64_t{4} << 20;
+    s = shm_.Open(mpi_.comm(), std::max<int64_t>(chunk, int64_t{64} << 10));
+    if (!s.ok()) return s;
+  }
+  shutdown_agreed_ = false;
   pending_.clear();
   pending_by_name_.clear();
   stand_ins_.clear();
@@ -208,6 +216,7 @@ void Engine::Loop() {
       "hvdkeras was shut down (a rank called hvdkeras.shutdown() or exited) before this "
       "collective completed.");
   timeline_.Close();
+  shm_.Close(/*collective=*/shutdown_agreed_);
   mpi_.Close();
 }
 
@@ -283,7 +292,10 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
     FailEverything("hvdkeras negotiation failed: " + waited.message);
     return false;
   }
-  if (!(bits[0] & kNoShutdownRequest)) return false;
+  if (!(bits[0] & kNoShutdownRequest)) {
+    shutdown_agreed_ = true;  // every rank leaves its loop here, together
+    return false;
+  }
   if (!(bits[0] & kNoParamUpdate)) AgreeOnParams();
   const bool joined_anywhere = !(bits[0] & kNoJoinedRank);
   const bool tracing = !(bits[0] & kNoTimeline);
@@ -536,7 +548,7 @@ std::vector<Status> Engine::Execute(const std::vector<PendingOp*>& ready) {
 
 Status Engine::ExecuteBatch(const std::vector<PendingOp*>& batch) {
   ExecContext ctx{mpi_, fusion_buffer_, timeline_.active() ? &timeline_ : nullptr,
-                  &output_blocks_};
+                  &output_blocks_, shm_.active() ? &shm_ : nullptr};
   switch (batch[0]->request.op_type) {
     case OpType::kAllreduce: return RunAllreduce(ctx, batch);
     case OpType::kBroadcast: return RunBroadcast(ctx, batch);

@@ -43,6 +43,7 @@ struct EngineConfig {
   bool autotune_cycle_time_fixed = false;
   std::string autotune_log;                      // CSV of trials (rank 0)
   int64_t allreduce_chunk_bytes = int64_t{1} << 20;  // 0: one MPI call per buffer
+  bool shm_allreduce = true;  // reduce through shared memory when all ranks share a host
 };
 
 class Engine {
@@ -120,6 +121,8 @@ class Engine {
   // Fused allreduce results handed out as outputs; up to 256 MiB of released
   // blocks are kept for the next steps.
   BlockPool output_blocks_{int64_t{256} << 20};
+  ShmAllreduce shm_;
+  bool shutdown_agreed_ = false;  // the loop ended by a shutdown all ranks saw
   Timeline timeline_;
   std::chrono::steady_clock::time_point last_stall_check_;
   std::unique_ptr<Autotuner> tuner_;  // rank 0, when autotuning

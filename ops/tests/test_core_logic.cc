@@ -1,9 +1,10 @@
 // Unit tests of the engine's pure logic: fusion planning, the response cache,
 // the coordinator and its validation messages, the wire encoding, scaling and
-// the 16-bit float conversions, the output block pool. Built and run without MPI and without
+// the 16-bit float conversions, the output block pool, the reduction
+// kernels of the shared-memory allreduce. Built and run without MPI and without
 // TensorFlow (tests/test_core_logic.py compiles it together with only
 // common.cc, message.cc, coordinator.cc, response_cache.cc, fusion_planner.cc,
-// scaling.cc and block_pool.cc).
+// scaling.cc, block_pool.cc and reduce_kernels.cc).
 //
 // A tiny self-contained harness: CHECK / CHECK_EQ print file:line and the
 // failing expression, count failures, and main() returns non-zero if any
@@ -29,6 +30,7 @@
 #include "core/fusion_planner.h"
 #include "core/half.h"
 #include "core/message.h"
+#include "core/reduce_kernels.h"
 #include "core/response_cache.h"
 #include "core/scaling.h"
 
@@ -1811,6 +1813,67 @@ TEST(BlockPoolBlocksOutliveThePool) {
   std::memset(survivor.get(), 1, 256);
   std::thread([block = std::move(survivor)]() mutable { block.reset(); }).join();
   CHECK(survivor == nullptr);
+}
+
+// ---- Reduction kernels (shared-memory allreduce) ---------------------------
+
+TEST(ReduceIntoEveryOpOnFloats) {
+  const std::vector<float> a{1, -2, 3.5f, 0};
+  const std::vector<float> b{4, 5, -1, 0};
+  std::vector<float> d = a;
+  CHECK(hvdkeras::ReduceInto(DataType::kFloat32, ReduceOp::kSum, d.data(), b.data(), 4));
+  CHECK_EQ(d, (std::vector<float>{5, 3, 2.5f, 0}));
+  d = a;
+  CHECK(hvdkeras::ReduceInto(DataType::kFloat32, ReduceOp::kAverage, d.data(), b.data(), 4));
+  CHECK_EQ(d, (std::vector<float>{5, 3, 2.5f, 0}));  // averaging divides later
+  d = a;
+  hvdkeras::ReduceInto(DataType::kFloat32, ReduceOp::kMin, d.data(), b.data(), 4);
+  CHECK_EQ(d, (std::vector<float>{1, -2, -1, 0}));
+  d = a;
+  hvdkeras::ReduceInto(DataType::kFloat32, ReduceOp::kMax, d.data(), b.data(), 4);
+  CHECK_EQ(d, (std::vector<float>{4, 5, 3.5f, 0}));
+  d = a;
+  hvdkeras::ReduceInto(DataType::kFloat32, ReduceOp::kProduct, d.data(), b.data(), 4);
+  CHECK_EQ(d, (std::vector<float>{4, -10, -3.5f, 0}));
+  std::vector<double> x{1.5, 2}, y{0.25, -4};
+  hvdkeras::ReduceInto(DataType::kFloat64, ReduceOp::kSum, x.data(), y.data(), 2);
+  CHECK_EQ(x, (std::vector<double>{1.75, -2}));
+}
+
+TEST(ReduceIntoIntegersWrapLikeMpi) {
+  std::vector<int8_t> a{100, -100, 7}, b{100, -100, -9};
+  hvdkeras::ReduceInto(DataType::kInt8, ReduceOp::kSum, a.data(), b.data(), 3);
+  CHECK_EQ(a, (std::vector<int8_t>{-56, 56, -2}));
+  std::vector<uint8_t> u{250, 3}, v{10, 4};
+  hvdkeras::ReduceInto(DataType::kUInt8, ReduceOp::kSum, u.data(), v.data(), 2);
+  CHECK_EQ(u, (std::vector<uint8_t>{4, 7}));
+  std::vector<int32_t> i{std::numeric_limits<int32_t>::max(), -5}, j{1, 3};
+  hvdkeras::ReduceInto(DataType::kInt32, ReduceOp::kSum, i.data(), j.data(), 2);
+  CHECK_EQ(i, (std::vector<int32_t>{std::numeric_limits<int32_t>::min(), -2}));
+  std::vector<int64_t> k{-3, 6}, l{4, -2};
+  hvdkeras::ReduceInto(DataType::kInt64, ReduceOp::kProduct, k.data(), l.data(), 2);
+  CHECK_EQ(k, (std::vector<int64_t>{-12, -12}));
+  hvdkeras::ReduceInto(DataType::kInt64, ReduceOp::kMin, k.data(), l.data(), 2);
+  CHECK_EQ(k, (std::vector<int64_t>{-12, -12}));
+}
+
+TEST(ReduceIntoHalfAndBFloat16) {
+  using hvdkeras::FloatToHalf;
+  using hvdkeras::HalfToFloat;
+  std::vector<uint16_t> a{FloatToHalf(1.5f), FloatToHalf(-2.0f)};
+  const std::vector<uint16_t> b{FloatToHalf(0.25f), FloatToHalf(8.0f)};
+  hvdkeras::ReduceInto(DataType::kFloat16, ReduceOp::kSum, a.data(), b.data(), 2);
+  CHECK_EQ(HalfToFloat(a[0]), 1.75f);
+  CHECK_EQ(HalfToFloat(a[1]), 6.0f);
+  hvdkeras::ReduceInto(DataType::kFloat16, ReduceOp::kMax, a.data(), b.data(), 2);
+  CHECK_EQ(HalfToFloat(a[0]), 1.75f);
+  CHECK_EQ(HalfToFloat(a[1]), 8.0f);
+  std::vector<uint16_t> c{hvdkeras::FloatToBFloat16(3.0f)};
+  const std::vector<uint16_t> e{hvdkeras::FloatToBFloat16(-0.5f)};
+  hvdkeras::ReduceInto(DataType::kBFloat16, ReduceOp::kProduct, c.data(), e.data(), 1);
+  CHECK_EQ(hvdkeras::BFloat16ToFloat(c[0]), -1.5f);
+  bool reduced = hvdkeras::ReduceInto(DataType::kBool, ReduceOp::kSum, c.data(), e.data(), 1);
+  CHECK(!reduced);
 }
 
 }  // namespace

@@ -1,0 +1,89 @@
+#include "core/reduce_kernels.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "core/half.h"
+
+namespace hvdkeras {
+
+namespace {
+
+template <typename T, typename Combine>
+void Combine2(void* dst, const void* src, int64_t count, Combine combine) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (int64_t i = 0; i < count; ++i) d[i] = combine(d[i], s[i]);
+}
+
+// Integers add and multiply modulo 2^bits (as MPI does), never with signed
+// overflow.
+template <typename T>
+using Arith = typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>,
+                                          std::common_type<T>>::type;
+
+template <typename T>
+void ReduceTyped(ReduceOp op, void* dst, const void* src, int64_t count) {
+  using A = Arith<T>;
+  switch (op) {
+    case ReduceOp::kMin:
+      Combine2<T>(dst, src, count, [](T a, T b) { return std::min(a, b); });
+      return;
+    case ReduceOp::kMax:
+      Combine2<T>(dst, src, count, [](T a, T b) { return std::max(a, b); });
+      return;
+    case ReduceOp::kProduct:
+      Combine2<T>(dst, src, count,
+                  [](T a, T b) { return static_cast<T>(static_cast<A>(a) * static_cast<A>(b)); });
+      return;
+    default:  // Sum and Average
+      Combine2<T>(dst, src, count,
+                  [](T a, T b) { return static_cast<T>(static_cast<A>(a) + static_cast<A>(b)); });
+      return;
+  }
+}
+
+template <float (*kLoad)(uint16_t), uint16_t (*kStore)(float)>
+void Reduce16(ReduceOp op, void* dst, const void* src, int64_t count) {
+  auto via_float = [](auto combine) {
+    return [combine](uint16_t a, uint16_t b) { return kStore(combine(kLoad(a), kLoad(b))); };
+  };
+  switch (op) {
+    case ReduceOp::kMin:
+      Combine2<uint16_t>(dst, src, count,
+                         via_float([](float a, float b) { return std::min(a, b); }));
+      return;
+    case ReduceOp::kMax:
+      Combine2<uint16_t>(dst, src, count,
+                         via_float([](float a, float b) { return std::max(a, b); }));
+      return;
+    case ReduceOp::kProduct:
+      Combine2<uint16_t>(dst, src, count, via_float([](float a, float b) { return a * b; }));
+      return;
+    default:
+      Combine2<uint16_t>(dst, src, count, via_float([](float a, float b) { return a + b; }));
+      return;
+  }
+}
+
+}  // namespace
+
+bool ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, int64_t count) {
+  switch (dtype) {
+    case DataType::kUInt8: ReduceTyped<uint8_t>(op, dst, src, count); return true;
+    case DataType::kInt8: ReduceTyped<int8_t>(op, dst, src, count); return true;
+    case DataType::kInt32: ReduceTyped<int32_t>(op, dst, src, count); return true;
+    case DataType::kInt64: ReduceTyped<int64_t>(op, dst, src, count); return true;
+    case DataType::kFloat32: ReduceTyped<float>(op, dst, src, count); return true;
+    case DataType::kFloat64: ReduceTyped<double>(op, dst, src, count); return true;
+    case DataType::kFloat16:
+      Reduce16<HalfToFloat, FloatToHalf>(op, dst, src, count);
+      return true;
+    case DataType::kBFloat16:
+      Reduce16<BFloat16ToFloat, FloatToBFloat16>(op, dst, src, count);
+      return true;
+    default: return false;
+  }
+}
+
+}  // namespace hvdkeras

@@ -1,0 +1,118 @@
+#include "core/shm_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "core/reduce_kernels.h"
+#include "core/scaling.h"
+
+namespace hvdkeras {
+
+namespace {
+
+// The barrier counter sits in its own cache line ahead of the staging area.
+constexpr int64_t kControlBytes = 64;
+
+}  // namespace
+
+Status ShmAllreduce::Open(MPI_Comm comm, int64_t piece_bytes) {
+  Close(false);
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+  if (size_ < 2) return Status::OK();
+  MPI_Comm local = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local) !=
+      MPI_SUCCESS) {
+    return Status::OK();
+  }
+  int local_size = 0;
+  MPI_Comm_size(local, &local_size);
+  int one_host = local_size == size_ ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &one_host, 1, MPI_INT, MPI_MIN, comm);
+  MPI_Comm_free(&local);
+  if (!one_host) return Status::OK();
+
+  piece_bytes_ = piece_bytes / 64 * 64;
+  char* base = nullptr;
+  const MPI_Aint bytes = static_cast<MPI_Aint>(kControlBytes + 2 * piece_bytes_);
+  int ok = MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm, &base, &win_) == MPI_SUCCESS;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  if (!ok) {
+    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+    win_ = MPI_WIN_NULL;
+    return Status::OK();
+  }
+  staging_.assign(size_, nullptr);
+  arrivals_.assign(size_, nullptr);
+  for (int r = 0; r < size_; ++r) {
+    MPI_Aint size = 0;
+    int disp = 0;
+    char* peer = nullptr;
+    MPI_Win_shared_query(win_, r, &size, &disp, &peer);
+    arrivals_[r] = reinterpret_cast<uint64_t*>(peer);
+    staging_[r] = peer + kControlBytes;
+  }
+  __atomic_store_n(arrivals_[rank_], uint64_t{0}, __ATOMIC_RELEASE);
+  epoch_ = 0;
+  pieces_done_ = 0;
+  MPI_Barrier(comm);  // every counter is zero before anyone uses one
+  active_ = true;
+  return Status::OK();
+}
+
+void ShmAllreduce::Close(bool collective) {
+  if (win_ != MPI_WIN_NULL && collective) MPI_Win_free(&win_);
+  win_ = MPI_WIN_NULL;
+  active_ = false;
+  staging_.clear();
+  arrivals_.clear();
+}
+
+void ShmAllreduce::Barrier() {
+  ++epoch_;
+  __atomic_store_n(arrivals_[rank_], epoch_, __ATOMIC_RELEASE);
+  for (int r = 0; r < size_; ++r) {
+    int spins = 0;
+    while (__atomic_load_n(arrivals_[r], __ATOMIC_ACQUIRE) < epoch_) {
+      // Usually the others are a few microseconds away; past that, let the
+      // core go to whoever the late rank is waiting on.
+      if (++spins > 2000) std::this_thread::yield();
+    }
+  }
+}
+
+Status ShmAllreduce::Run(char* out, int64_t count, DataType dtype, ReduceOp op, int divisor,
+                         double postscale, const Fill& fill) {
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  const int64_t piece = std::max<int64_t>(1, piece_bytes_ / element);
+  const bool finalize = divisor != 1 || postscale != 1.0;
+  for (int64_t offset = 0; offset < count; offset += piece) {
+    const int64_t n = std::min(piece, count - offset);
+    const int64_t half = (pieces_done_++ % 2) * piece_bytes_;
+    fill(offset, offset + n, staging_[rank_] + half);
+    Barrier();
+    // My slice: reduce every rank's contribution in rank order.
+    const int64_t begin = n * rank_ / size_;
+    const int64_t end = n * (rank_ + 1) / size_;
+    char* mine = out + (offset + begin) * element;
+    std::memcpy(mine, staging_[0] + half + begin * element, (end - begin) * element);
+    for (int r = 1; r < size_; ++r) {
+      if (!ReduceInto(dtype, op, mine, staging_[r] + half + begin * element, end - begin)) {
+        return Status::Error(StatusCode::kInvalidArgument, "allreduce of an unreducible dtype");
+      }
+    }
+    if (finalize) FinalizeCopy(dtype, mine, mine, end - begin, divisor, postscale);
+    std::memcpy(staging_[rank_] + half + begin * element, mine, (end - begin) * element);
+    Barrier();
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const int64_t b = n * r / size_;
+      const int64_t e = n * (r + 1) / size_;
+      std::memcpy(out + (offset + b) * element, staging_[r] + half + b * element, (e - b) * element);
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace hvdkeras

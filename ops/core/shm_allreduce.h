@@ -1,0 +1,59 @@
+// Allreduce through shared memory, for when every rank runs on one host.
+//
+// Each rank owns a staging area in one MPI shared-memory window, split in
+// two halves used by alternate pieces. Per piece of the buffer: every rank
+// writes its contribution into its staging half; after a barrier, rank r
+// reduces slice r of the piece across all ranks' staging (in rank order, so
+// the result is the same everywhere), finishes it (average, postscale) and
+// publishes it in its own staging; after a second barrier every rank copies
+// the other slices. Compared with copying into a fused buffer and calling
+// MPI_Allreduce, the data crosses memory fewer times (MPI's shared-memory
+// path copies through its own cells).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/common.h"
+
+namespace hvdkeras {
+
+class ShmAllreduce {
+ public:
+  // Writes this rank's contribution for elements [begin, end) to `dst`.
+  using Fill = std::function<void(int64_t begin, int64_t end, char* dst)>;
+
+  // Collective over `comm`. Stays inactive (and returns OK) when the ranks do
+  // not all share one host, there is only one rank, or the window cannot be
+  // made on every rank. Pieces are `piece_bytes` long.
+  Status Open(MPI_Comm comm, int64_t piece_bytes);
+  // Collective: frees the window. `collective` false just forgets it (after
+  // a failure, when the other ranks may not get here).
+  void Close(bool collective);
+  bool active() const { return active_; }
+
+  // Reduces `count` elements into `out` (which may be where Fill reads from:
+  // each piece is filled before any of it is written), then applies
+  // FinalizeCopy(divisor, postscale). Every rank calls it with the same
+  // count, dtype and op.
+  Status Run(char* out, int64_t count, DataType dtype, ReduceOp op, int divisor,
+             double postscale, const Fill& fill);
+
+ private:
+  void Barrier();
+
+  bool active_ = false;
+  MPI_Win win_ = MPI_WIN_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int64_t piece_bytes_ = 0;
+  uint64_t epoch_ = 0;
+  int64_t pieces_done_ = 0;
+  std::vector<char*> staging_;         // per rank: two halves of piece_bytes_
+  std::vector<uint64_t*> arrivals_;    // per rank: barrier counter
+};
+
+}  // namespace hvdkeras
