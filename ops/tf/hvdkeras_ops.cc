@@ -44,6 +44,17 @@ absl::Status ToTfStatus(const Status& s) {
   }
 }
 
+// Fills in what the engine needs to know about an input: dtype, data, shape.
+absl::Status DescribeInput(const tf::Tensor& input, TensorRef* ref) {
+  if (!ToEngineType(input.dtype(), &ref->dtype)) {
+    return absl::InvalidArgumentError("hvdkeras: unsupported dtype " +
+                                      tf::DataTypeString(input.dtype()));
+  }
+  ref->input = input.tensor_data().data();
+  for (int d = 0; d < input.dims(); ++d) ref->shape.push_back(input.dim_size(d));
+  return absl::OkStatus();
+}
+
 // Builds the engine's view of input i, with an output of the same shape that
 // reuses the input buffer when TensorFlow allows it.
 absl::Status PrepareTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) {
@@ -52,13 +63,9 @@ absl::Status PrepareTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRe
   absl::Status s = ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output);
   if (!s.ok()) return s;
   TensorRef ref;
-  if (!ToEngineType(input.dtype(), &ref.dtype)) {
-    return absl::InvalidArgumentError("hvdkeras: unsupported dtype " +
-                                      tf::DataTypeString(input.dtype()));
-  }
-  ref.input = input.tensor_data().data();
+  absl::Status described = DescribeInput(input, &ref);
+  if (!described.ok()) return described;
   ref.output = const_cast<char*>(output->tensor_data().data());
-  for (int d = 0; d < input.dims(); ++d) ref.shape.push_back(input.dim_size(d));
   refs->push_back(std::move(ref));
   return absl::OkStatus();
 }
@@ -68,12 +75,8 @@ absl::Status PrepareTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRe
 absl::Status PrepareLazyTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) {
   const tf::Tensor& input = ctx->input(i);
   TensorRef ref;
-  if (!ToEngineType(input.dtype(), &ref.dtype)) {
-    return absl::InvalidArgumentError("hvdkeras: unsupported dtype " +
-                                      tf::DataTypeString(input.dtype()));
-  }
-  ref.input = input.tensor_data().data();
-  for (int d = 0; d < input.dims(); ++d) ref.shape.push_back(input.dim_size(d));
+  absl::Status described = DescribeInput(input, &ref);
+  if (!described.ok()) return described;
   ref.allocate_output = [ctx, i](const Shape& shape, void** data) {
     tf::TensorShape tf_shape;
     for (int64_t d : shape) tf_shape.AddDim(d);
@@ -113,12 +116,8 @@ absl::Status PrepareAllreduceTensor(tf::OpKernelContext* ctx, int i,
                                     std::vector<TensorRef>* refs) {
   const tf::Tensor& input = ctx->input(i);
   TensorRef ref;
-  if (!ToEngineType(input.dtype(), &ref.dtype)) {
-    return absl::InvalidArgumentError("hvdkeras: unsupported dtype " +
-                                      tf::DataTypeString(input.dtype()));
-  }
-  ref.input = input.tensor_data().data();
-  for (int d = 0; d < input.dims(); ++d) ref.shape.push_back(input.dim_size(d));
+  absl::Status described = DescribeInput(input, &ref);
+  if (!described.ok()) return described;
   ref.allocate_output = [ctx, i](const Shape&, void** data) {
     tf::Tensor* output = nullptr;
     absl::Status s = ctx->forward_input_or_allocate_output({i}, i, ctx->input(i).shape(), &output);
