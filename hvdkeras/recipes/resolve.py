@@ -18,20 +18,11 @@ import sys
 from typing import Any, Callable, Iterable, List, Optional
 
 from hvdkeras.recipes import schema
-from hvdkeras.recipes.spec import Issue, did_you_mean
+from hvdkeras.recipes.spec import Context, Issue, did_you_mean
 from hvdkeras.recipes.yaml_source import Document, Path
 
 # tensorflow-io release -> the TensorFlow versions its ops load on.
 TF_IO_COMPATIBLE = {"0.37": ("2.16", "2.17")}
-
-
-class _Collector:
-    def __init__(self, doc: Document) -> None:
-        self.doc = doc
-        self.issues: List[Issue] = []
-
-    def error(self, path: Path, message: str) -> None:
-        self.issues.append(Issue(self.doc.location(path), tuple(path), message))
 
 
 def installed_tensorflow_version() -> Optional[str]:
@@ -74,7 +65,7 @@ def tensorboard_problem() -> Optional[str]:
     return None
 
 
-def _import_target(target: str, path: Path, out: _Collector, what: str) -> Optional[Callable]:
+def _import_target(target: str, path: Path, out: Context, what: str) -> Optional[Callable]:
     from hvdkeras.recipes.models import import_function
 
     try:
@@ -117,7 +108,7 @@ def _parameters_of(function: Callable) -> Optional[set]:
     return names or None
 
 
-def _check_args(function: Callable, args: dict, path: Path, out: _Collector, what: str,
+def _check_args(function: Callable, args: dict, path: Path, out: Context, what: str,
                 reserved: Iterable[str] = ()) -> None:
     accepted = _parameters_of(function)
     if accepted is None:
@@ -130,7 +121,7 @@ def _check_args(function: Callable, args: dict, path: Path, out: _Collector, wha
                                      f"{', '.join(sorted(accepted))}")
 
 
-def _check_model(recipe: dict, out: _Collector) -> None:
+def _check_model(recipe: dict, out: Context) -> None:
     from hvdkeras.recipes.models import application_names
 
     name = recipe["model"]["name"]
@@ -152,7 +143,7 @@ def _check_model(recipe: dict, out: _Collector) -> None:
         _check_args(function, recipe["model"]["args"], ("model", "args"), out, name)
 
 
-def _check_optimizer(recipe: dict, out: _Collector) -> None:
+def _check_optimizer(recipe: dict, out: Context) -> None:
     from hvdkeras.recipes.training import optimizer_classes
 
     opt = recipe["optimizer"]
@@ -168,7 +159,7 @@ def _check_optimizer(recipe: dict, out: _Collector) -> None:
                 reserved=("learning_rate",))
 
 
-def _check_named(spec: Any, path: Path, out: _Collector, kind: str) -> None:
+def _check_named(spec: Any, path: Path, out: Context, kind: str) -> None:
     from hvdkeras.recipes import training
 
     make = training.make_loss if kind == "loss" else training.make_metric
@@ -184,7 +175,7 @@ def _check_named(spec: Any, path: Path, out: _Collector, kind: str) -> None:
                          f"keras.{'losses' if kind == 'loss' else 'metrics'} for the names")
 
 
-def _check_data(recipe: dict, out: _Collector) -> None:
+def _check_data(recipe: dict, out: Context) -> None:
     from hvdkeras.recipes import data as data_module
 
     data = recipe["data"]
@@ -219,7 +210,7 @@ def _check_data(recipe: dict, out: _Collector) -> None:
                 out.error(("data", "path"), f"cannot read {files[0]}: {error}")
 
 
-def _check_outputs(recipe: dict, out: _Collector) -> None:
+def _check_outputs(recipe: dict, out: Context) -> None:
     checkpoint = recipe["checkpoint"]
     if checkpoint is not None and os.path.exists(checkpoint["dir"]):
         if not os.path.isdir(checkpoint["dir"]):
@@ -239,7 +230,7 @@ def _check_outputs(recipe: dict, out: _Collector) -> None:
             out.error(("callbacks", "tensorboard"), problem)
 
 
-def _check_engine(recipe: dict, out: _Collector) -> None:
+def _check_engine(recipe: dict, out: Context) -> None:
     from hvdkeras.config import engine_config_from_env
 
     try:
@@ -250,7 +241,7 @@ def _check_engine(recipe: dict, out: _Collector) -> None:
 
 def resolve(recipe: dict, doc: Document) -> List[Issue]:
     """Environment checks of a normalized recipe; returns the problems found."""
-    out = _Collector(doc)
+    out = Context(doc)
     _check_model(recipe, out)
     _check_optimizer(recipe, out)
     _check_named(recipe["training"]["loss"], ("training", "loss"), out, "loss")

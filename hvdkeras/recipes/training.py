@@ -60,17 +60,21 @@ def metric_names() -> List[str]:
     return sorted(names + ["accuracy", "acc", "crossentropy", "ce"])
 
 
+def _with_args(module: Any, base: type, where: str, spec: dict):
+    """An instance of the class in `module` named spec['name'], built with spec['args']."""
+    cls = _module_classes(module, base).get(_squash(spec["name"]))
+    if cls is None:
+        raise ValueError(f"no {where} class named {spec['name']!r} takes arguments")
+    return cls(**spec["args"])
+
+
 def make_loss(spec: Any):
     """A loss for compile(): a name, or {name, args} (class found by name)."""
     import keras
 
     if isinstance(spec, str):
         return keras.losses.get(spec)
-    classes = _module_classes(keras.losses, keras.losses.Loss)
-    cls = classes.get(_squash(spec["name"]))
-    if cls is None:
-        raise ValueError(f"no keras.losses class named {spec['name']!r} takes arguments")
-    return cls(**spec["args"])
+    return _with_args(keras.losses, keras.losses.Loss, "keras.losses", spec)
 
 
 def make_metric(spec: Any):
@@ -81,11 +85,7 @@ def make_metric(spec: Any):
         if spec in ("accuracy", "acc", "crossentropy", "ce"):
             return spec
         return keras.metrics.get(spec)
-    classes = _module_classes(keras.metrics, keras.metrics.Metric)
-    cls = classes.get(_squash(spec["name"]))
-    if cls is None:
-        raise ValueError(f"no keras.metrics class named {spec['name']!r} takes arguments")
-    return cls(**spec["args"])
+    return _with_args(keras.metrics, keras.metrics.Metric, "keras.metrics", spec)
 
 
 # --------------------------------------------------------------------------

@@ -46,7 +46,7 @@ Status EnsureOutput(TensorRef& t) {
 
 // Writes elements [begin, end) of a fused layout (tensor i's data at byte
 // offsets[i], zeros up to the next offset) to dst, prescaled.
-void FillFused(const std::vector<const TensorRef*>& tensors, const std::vector<int64_t>& offsets,
+void FillFused(const std::vector<TensorRef*>& tensors, const std::vector<int64_t>& offsets,
                int64_t total_bytes, DataType dtype, double prescale, int64_t begin, int64_t end,
                char* dst) {
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
@@ -99,33 +99,35 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
                                    first.prescale);
                        });
       if (!s.ok()) return s;
-      return block ? t.adopt_output(block, block.get()) : Status::OK();
-    }
-    const void* send = t.input == t.output ? nullptr : t.input;
-    if (first.prescale != 1.0) {
-      Activity scale(ctx, batch, "PRESCALE");
-      ScaleCopy(dtype, t.input, t.output, n, first.prescale);
-      send = nullptr;
-    }
-    {
-      Activity mpi(ctx, batch, "MPI_ALLREDUCE");
-      s = ctx.mpi.Allreduce(send, t.output, n, dtype, first.reduce_op);
-      if (!s.ok()) return s;
-    }
-    if (finalize) {
-      Activity scale(ctx, batch, "POSTSCALE");
-      FinalizeCopy(dtype, t.output, t.output, n, divisor, first.postscale);
+    } else {
+      const void* send = t.input == t.output ? nullptr : t.input;
+      if (first.prescale != 1.0) {
+        Activity scale(ctx, batch, "PRESCALE");
+        ScaleCopy(dtype, t.input, t.output, n, first.prescale);
+        send = nullptr;
+      }
+      {
+        Activity mpi(ctx, batch, "MPI_ALLREDUCE");
+        s = ctx.mpi.Allreduce(send, t.output, n, dtype, first.reduce_op);
+        if (!s.ok()) return s;
+      }
+      if (finalize) {
+        Activity scale(ctx, batch, "POSTSCALE");
+        FinalizeCopy(dtype, t.output, t.output, n, divisor, first.postscale);
+      }
     }
     return block ? t.adopt_output(block, block.get()) : Status::OK();
   }
 
   // Every tensor starts on a 64-byte boundary (the same layout on every
   // rank); the gaps are zeros and are reduced along with the rest.
+  std::vector<TensorRef*> tensors;
   std::vector<int64_t> offsets;
   int64_t total_bytes = 0;
   bool any_adopts = false;
   for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) {
+    for (TensorRef& t : op->tensors) {
+      tensors.push_back(&t);
       offsets.push_back(total_bytes);
       total_bytes = AlignUp(total_bytes + TensorBytes(t));
       any_adopts = any_adopts || static_cast<bool>(t.adopt_output);
@@ -137,33 +139,19 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   if (any_adopts && ctx.blocks) block = ctx.blocks->Acquire(total_bytes);
   char* buffer = block ? block.get() : ctx.buffer.Get(total_bytes);
   const int64_t total = total_bytes / static_cast<int64_t>(element);
+  auto fill = [&](int64_t b, int64_t e, char* dst) {
+    FillFused(tensors, offsets, total_bytes, dtype, first.prescale, b, e, dst);
+  };
   if (ctx.shm && total_bytes >= kShmMinBytes) {
     // The inputs go straight into shared memory; the results land in buffer.
-    std::vector<const TensorRef*> tensors;
-    for (PendingOp* op : batch) {
-      for (const TensorRef& t : op->tensors) tensors.push_back(&t);
-    }
     Activity shm(ctx, batch, "SHM_ALLREDUCE");
     Status s = ctx.shm->Run(buffer, total, dtype, first.reduce_op, divisor, first.postscale,
-                            [&](int64_t b, int64_t e, char* dst) {
-                              FillFused(tensors, offsets, total_bytes, dtype, first.prescale, b,
-                                        e, dst);
-                            });
+                            fill);
     if (!s.ok()) return s;
   } else {
     {
       Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
-      size_t index = 0;
-      for (PendingOp* op : batch) {
-        for (const TensorRef& t : op->tensors) {
-          const int64_t start = offsets[index++];
-          const int64_t bytes = TensorBytes(t);
-          ScaleCopy(dtype, t.input, buffer + start, bytes / static_cast<int64_t>(element),
-                    first.prescale);
-          const int64_t end = index < offsets.size() ? offsets[index] : total_bytes;
-          std::memset(buffer + start + bytes, 0, static_cast<size_t>(end - start - bytes));
-        }
-      }
+      fill(0, total, buffer);
     }
     {
       Activity mpi(ctx, batch, "MPI_ALLREDUCE");
@@ -176,14 +164,13 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     }
   }
   Activity copy(ctx, batch, block ? "ADOPT_OUTPUTS" : "MEMCPY_OUT_FUSION_BUFFER");
-  size_t index = 0;
-  for (PendingOp* op : batch) {
-    for (TensorRef& t : op->tensors) {
-      char* slot = buffer + offsets[index++];
-      Status s = block && t.adopt_output ? t.adopt_output(block, slot) : EnsureOutput(t);
-      if (!s.ok()) return s;
-      if (!(block && t.adopt_output)) std::memcpy(t.output, slot, TensorBytes(t));
-    }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TensorRef& t = *tensors[i];
+    char* slot = buffer + offsets[i];
+    const bool adopt = block && t.adopt_output;
+    Status s = adopt ? t.adopt_output(block, slot) : EnsureOutput(t);
+    if (!s.ok()) return s;
+    if (!adopt) std::memcpy(t.output, slot, TensorBytes(t));
   }
   return Status::OK();
 }

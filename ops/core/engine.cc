@@ -117,10 +117,7 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   if (!s.ok()) return s;
   mpi_.set_allreduce_chunk_bytes(config.allreduce_chunk_bytes);
   if (config.shm_allreduce) {
-    // Pieces as long as the MPI chunks (4 MiB when those are off), at least 64 KiB.
-    const int64_t chunk = config.allreduce_chunk_bytes > 0 ? config.allreduce_chunk_bytes
-                                                           : int64_t{4} << 20;
-    s = shm_.Open(mpi_.comm(), std::max<int64_t>(chunk, int64_t{64} << 10));
+    s = shm_.Open(mpi_.comm(), config.allreduce_chunk_bytes);
     if (!s.ok()) return s;
   }
   shutdown_agreed_ = false;

@@ -16,7 +16,7 @@ constexpr int64_t kControlBytes = 64;
 
 }  // namespace
 
-Status ShmAllreduce::Open(MPI_Comm comm, int64_t piece_bytes) {
+Status ShmAllreduce::Open(MPI_Comm comm, int64_t chunk_bytes) {
   Close(false);
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
@@ -33,7 +33,8 @@ Status ShmAllreduce::Open(MPI_Comm comm, int64_t piece_bytes) {
   MPI_Comm_free(&local);
   if (!one_host) return Status::OK();
 
-  piece_bytes_ = piece_bytes / 64 * 64;
+  const int64_t piece_bytes = chunk_bytes > 0 ? chunk_bytes : int64_t{4} << 20;
+  piece_bytes_ = std::max<int64_t>(piece_bytes, int64_t{64} << 10) / 64 * 64;
   char* base = nullptr;
   const MPI_Aint bytes = static_cast<MPI_Aint>(kControlBytes + 2 * piece_bytes_);
   int ok = MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm, &base, &win_) == MPI_SUCCESS;

@@ -28,8 +28,9 @@ class ShmAllreduce {
 
   // Collective over `comm`. Stays inactive (and returns OK) when the ranks do
   // not all share one host, there is only one rank, or the window cannot be
-  // made on every rank. Pieces are `piece_bytes` long.
-  Status Open(MPI_Comm comm, int64_t piece_bytes);
+  // made on every rank. Pieces are as long as the MPI chunks (`chunk_bytes`;
+  // 4 MiB when those are off), at least 64 KiB.
+  Status Open(MPI_Comm comm, int64_t chunk_bytes);
   // Collective: frees the window. `collective` false just forgets it (after
   // a failure, when the other ranks may not get here).
   void Close(bool collective);
