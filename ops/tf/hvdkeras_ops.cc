@@ -152,6 +152,13 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     if (tensor_name_.empty()) tensor_name_ = name();
   }
 
+  // ComputeAsync only describes the tensors and queues them for the engine;
+  // it never waits. Saying so lets TensorFlow run it inline in the thread
+  // that made it ready, instead of one thread-pool task per collective
+  // (100 separate 40-byte allreduces, 2 ranks on the 2-core dev VM, three
+  // alternating runs: 0.78-0.91 ms a step instead of 1.10-1.55 ms).
+  bool IsExpensive() override { return false; }
+
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     std::vector<TensorRef> refs;
     for (int i = 0; i < num_data_inputs(ctx); ++i) {
