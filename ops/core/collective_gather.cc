@@ -44,8 +44,8 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     for (size_t t = 0; t < op->tensors.size(); ++t) {
       const TensorRef& ref = op->tensors[t];
       GatherPiece piece{&ref, {}, RowBytes(ref.shape, ref.dtype), nullptr};
-      piece.rows.assign(op->response.sizes.begin() + t * size,
-                        op->response.sizes.begin() + (t + 1) * size);
+      piece.rows.assign(op->response->sizes.begin() + t * size,
+                        op->response->sizes.begin() + (t + 1) * size);
       const int64_t total_rows = std::accumulate(piece.rows.begin(), piece.rows.end(), int64_t{0});
       void* out = nullptr;
       Status s = ref.allocate_output(WithRows(ref.shape, total_rows), &out);
@@ -104,7 +104,7 @@ Status RunAlltoall(ExecContext& ctx, PendingOp* op) {
   const int me = ctx.mpi.rank();
   const TensorRef& ref = op->tensors[0];
   const int64_t row_bytes = RowBytes(ref.shape, ref.dtype);
-  const std::vector<int64_t>& matrix = op->response.sizes;  // [sender * size + receiver]
+  const std::vector<int64_t>& matrix = op->response->sizes;  // [sender * size + receiver]
   std::vector<int64_t> send_bytes(size), recv_bytes(size), received(size);
   int64_t recv_rows = 0;
   for (int r = 0; r < size; ++r) {

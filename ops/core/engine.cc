@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <sstream>
 
 #include "core/fusion_planner.h"
@@ -76,7 +75,7 @@ FusionItem FusionItemOf(const PendingOp& op, int size) {
         int64_t row_bytes = static_cast<int64_t>(DataTypeSize(r.dtypes[t]));
         for (size_t d = 1; d < r.shapes[t].size(); ++d) row_bytes *= r.shapes[t][d];
         for (int rank = 0; rank < size; ++rank) {
-          item.bytes += op.response.sizes[t * size + rank] * row_bytes;
+          item.bytes += op.response->sizes[t * size + rank] * row_bytes;
         }
       }
       break;
@@ -308,18 +307,19 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
     if (slot < cache_.num_slots()) cache_.Erase(static_cast<int>(slot));
   }
   std::vector<PendingOp*> ready;
-  std::map<int, PendingOp*> by_slot;
+  std::vector<std::pair<int, PendingOp*>> by_slot;  // cache hits in slot order
   for (const auto& op : pending_) {
     if (op->sent || op->cache_slot < 0) continue;
     if (joined_anywhere || cache_.Lookup(op->request.name) != op->cache_slot) {
       op->cache_slot = -1;
     } else {
-      by_slot[op->cache_slot] = op.get();
+      by_slot.emplace_back(op->cache_slot, op.get());
     }
   }
+  std::sort(by_slot.begin(), by_slot.end());
   for (const auto& [slot, op] : by_slot) {
     if (bits[1 + slot / 64] & (uint64_t{1} << (slot % 64))) {
-      op->response = cache_.CachedResponse(slot);
+      op->response = cache_.SharedResponse(slot);
       ready.push_back(op);
     }
   }
@@ -440,7 +440,7 @@ void Engine::SlowPath(bool joined_anywhere, std::vector<PendingOp*>* ready,
     if (response.agreed.op_type == OpType::kJoin) joined_ = false;
     if (!op && joined_anywhere) op = StandIn(response);
     if (!op) continue;
-    op->response = std::move(response);
+    op->response = std::make_shared<const Response>(std::move(response));
     ready->push_back(op);
   }
 }
@@ -554,7 +554,7 @@ Status Engine::ExecuteBatch(const std::vector<PendingOp*>& batch) {
     case OpType::kReducescatter: return RunReducescatter(ctx, batch);
     case OpType::kBarrier: return Status::OK();  // agreement itself was the barrier
     case OpType::kJoin:
-      if (batch[0]->join_result) *batch[0]->join_result = batch[0]->response.last_joined_rank;
+      if (batch[0]->join_result) *batch[0]->join_result = batch[0]->response->last_joined_rank;
       return Status::OK();
   }
   return Status::Error(StatusCode::kUnknown, "unknown op type");
@@ -564,18 +564,19 @@ void Engine::Finish(std::vector<std::pair<PendingOp*, Status>> results) {
   if (results.empty()) return;
   // Take the finished ops out of the tables before running callbacks, so a
   // callback that submits the next op under the same name is accepted.
-  std::unordered_set<PendingOp*> done_ops;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [op, status] : results) {
       in_flight_.erase(op->request.name);
-      done_ops.insert(op);
+      op->finished = true;
     }
   }
   std::vector<std::unique_ptr<PendingOp>> finished;
   std::vector<std::unique_ptr<PendingOp>> still_pending;
+  finished.reserve(results.size());
+  still_pending.reserve(pending_.size() - std::min(pending_.size(), results.size()));
   for (auto& p : pending_) {
-    if (done_ops.count(p.get())) {
+    if (p->finished) {
       pending_by_name_.erase(p->request.name);
       finished.push_back(std::move(p));
     } else {

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/engine_api.h"
@@ -14,10 +15,11 @@ struct PendingOp {
   Request request;
   std::vector<TensorRef> tensors;
   DoneCallback done;                  // null for a joined rank's stand-in
-  Response response;                  // what the ranks agreed on
+  std::shared_ptr<const Response> response;  // what the ranks agreed on (shared with the cache)
   int32_t* join_result = nullptr;     // join: where the last joined rank goes
   int cache_slot = -1;                // slot announced on the fast path, or -1
   bool sent = false;                  // sent to the coordinator
+  bool finished = false;              // executed or failed; its callback is due
   std::chrono::steady_clock::time_point enqueued;
   std::vector<std::vector<char>> scratch;  // buffers owned by a stand-in
 };

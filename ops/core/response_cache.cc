@@ -10,12 +10,12 @@ int ResponseCache::Lookup(const std::string& name) const {
   return it == by_name_.end() ? -1 : it->second;
 }
 
-void ResponseCache::Put(const Request& signature, const Response& response) {
+void ResponseCache::Put(const Request& signature, std::shared_ptr<const Response> response) {
   if (capacity_ == 0) return;
   int slot = Lookup(signature.name);
   if (slot >= 0) {
     slots_[slot].signature = signature;
-    slots_[slot].response = response;
+    slots_[slot].response = std::move(response);
     Touch(slot);
     return;
   }
@@ -24,7 +24,7 @@ void ResponseCache::Put(const Request& signature, const Response& response) {
   Slot& s = slots_[slot];
   s.used = true;
   s.signature = signature;
-  s.response = response;
+  s.response = std::move(response);
   lru_.push_front(slot);
   s.lru_position = lru_.begin();
   by_name_[signature.name] = slot;
@@ -43,7 +43,7 @@ void ResponseCache::Erase(int slot) {
   lru_.erase(s.lru_position);
   s.used = false;
   s.signature = Request();
-  s.response = Response();
+  s.response = std::make_shared<const Response>();
   free_slots_.push_back(slot);
   std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
 }

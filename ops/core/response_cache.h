@@ -5,6 +5,7 @@
 #pragma once
 
 #include <list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,12 +25,19 @@ class ResponseCache {
   // Slot of the cached entry with this name, or -1.
   int Lookup(const std::string& name) const;
   const Request& Signature(int slot) const { return slots_[slot].signature; }
-  const Response& CachedResponse(int slot) const { return slots_[slot].response; }
+  const Response& CachedResponse(int slot) const { return *slots_[slot].response; }
+  // The same response, shared: a hit costs one reference, not a copy.
+  const std::shared_ptr<const Response>& SharedResponse(int slot) const {
+    return slots_[slot].response;
+  }
 
   // Inserts a freshly executed request with the response it got (or
   // refreshes its entry), evicting the least recently used entry when full.
   // No-op when the capacity is 0.
-  void Put(const Request& signature, const Response& response);
+  void Put(const Request& signature, std::shared_ptr<const Response> response);
+  void Put(const Request& signature, const Response& response) {
+    Put(signature, std::make_shared<const Response>(response));
+  }
   // Marks a cached entry as just used.
   void Touch(int slot);
   // Removes an entry (it was invalidated by some rank).
@@ -39,7 +47,7 @@ class ResponseCache {
   struct Slot {
     bool used = false;
     Request signature;
-    Response response;
+    std::shared_ptr<const Response> response = std::make_shared<const Response>();
     std::list<int>::iterator lru_position;
   };
 
