@@ -118,6 +118,7 @@ def fake_inputs() -> dict:
         "tf_link_flags": ["-L/env/site-packages/tensorflow", "-l:libtensorflow_framework.so.2"],
         "compiler": "/usr/bin/g++",
         "compiler_version": "g++ (Debian 12.2.0-14) 12.2.0",
+        "cxx_flags": ["-std=c++17", "-O3", "-fPIC", "-pthread"],
         "mpi_library": "/env/lib/libmpi.so.12",
         "mpi_version": "MPICH Version:      5.0.2",
         "mpi_include": "/env/include",
@@ -161,6 +162,7 @@ def test_cache_key_is_stable_and_order_independent():
         ("mpi_version", "MPICH Version:      4.2.0"),
         ("compiler", "/usr/bin/clang++"),
         ("compiler_version", "g++ 13.1.0"),
+        ("cxx_flags", ["-std=c++17", "-O2", "-fPIC", "-pthread"]),
         ("source_hash", "1" * 64),
         ("with_cuda", True),
     ],
@@ -242,6 +244,7 @@ def test_real_build_inputs_describe_this_environment():
     assert Path(inputs["mpi_library"]).name.startswith("libmpi")
     assert (Path(inputs["mpi_include"]) / "mpi.h").is_file()
     assert inputs["with_cuda"] is False
+    assert inputs["cxx_flags"] == list(_build.BASE_CXX_FLAGS)
     assert inputs["source_hash"] == _build.source_hash(_build.ops_source_dir())
     info = _build.mpi_library_info()
     assert info["vendor"] and info["version"]
