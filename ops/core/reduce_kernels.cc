@@ -10,10 +10,11 @@ namespace hvdkeras {
 namespace {
 
 template <typename T, typename Combine>
-void Combine2(void* dst, const void* src, int64_t count, Combine combine) {
+void Combine2(void* dst, const void* a, const void* b, int64_t count, Combine combine) {
   T* d = static_cast<T*>(dst);
-  const T* s = static_cast<const T*>(src);
-  for (int64_t i = 0; i < count; ++i) d[i] = combine(d[i], s[i]);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (int64_t i = 0; i < count; ++i) d[i] = combine(x[i], y[i]);
 }
 
 // Integers add and multiply modulo 2^bits (as MPI does), never with signed
@@ -23,67 +24,72 @@ using Arith = typename std::conditional_t<std::is_integral_v<T>, std::make_unsig
                                           std::common_type<T>>::type;
 
 template <typename T>
-void ReduceTyped(ReduceOp op, void* dst, const void* src, int64_t count) {
+void ReduceTyped(ReduceOp op, void* dst, const void* src, const void* src2, int64_t count) {
   using A = Arith<T>;
   switch (op) {
     case ReduceOp::kMin:
-      Combine2<T>(dst, src, count, [](T a, T b) { return std::min(a, b); });
+      Combine2<T>(dst, src, src2, count, [](T a, T b) { return std::min(a, b); });
       return;
     case ReduceOp::kMax:
-      Combine2<T>(dst, src, count, [](T a, T b) { return std::max(a, b); });
+      Combine2<T>(dst, src, src2, count, [](T a, T b) { return std::max(a, b); });
       return;
     case ReduceOp::kProduct:
-      Combine2<T>(dst, src, count,
+      Combine2<T>(dst, src, src2, count,
                   [](T a, T b) { return static_cast<T>(static_cast<A>(a) * static_cast<A>(b)); });
       return;
     default:  // Sum and Average
-      Combine2<T>(dst, src, count,
+      Combine2<T>(dst, src, src2, count,
                   [](T a, T b) { return static_cast<T>(static_cast<A>(a) + static_cast<A>(b)); });
       return;
   }
 }
 
 template <float (*kLoad)(uint16_t), uint16_t (*kStore)(float)>
-void Reduce16(ReduceOp op, void* dst, const void* src, int64_t count) {
+void Reduce16(ReduceOp op, void* dst, const void* src, const void* src2, int64_t count) {
   auto via_float = [](auto combine) {
     return [combine](uint16_t a, uint16_t b) { return kStore(combine(kLoad(a), kLoad(b))); };
   };
   switch (op) {
     case ReduceOp::kMin:
-      Combine2<uint16_t>(dst, src, count,
+      Combine2<uint16_t>(dst, src, src2, count,
                          via_float([](float a, float b) { return std::min(a, b); }));
       return;
     case ReduceOp::kMax:
-      Combine2<uint16_t>(dst, src, count,
+      Combine2<uint16_t>(dst, src, src2, count,
                          via_float([](float a, float b) { return std::max(a, b); }));
       return;
     case ReduceOp::kProduct:
-      Combine2<uint16_t>(dst, src, count, via_float([](float a, float b) { return a * b; }));
+      Combine2<uint16_t>(dst, src, src2, count, via_float([](float a, float b) { return a * b; }));
       return;
     default:
-      Combine2<uint16_t>(dst, src, count, via_float([](float a, float b) { return a + b; }));
+      Combine2<uint16_t>(dst, src, src2, count, via_float([](float a, float b) { return a + b; }));
       return;
   }
 }
 
 }  // namespace
 
-bool ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, int64_t count) {
+bool Reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b,
+            int64_t count) {
   switch (dtype) {
-    case DataType::kUInt8: ReduceTyped<uint8_t>(op, dst, src, count); return true;
-    case DataType::kInt8: ReduceTyped<int8_t>(op, dst, src, count); return true;
-    case DataType::kInt32: ReduceTyped<int32_t>(op, dst, src, count); return true;
-    case DataType::kInt64: ReduceTyped<int64_t>(op, dst, src, count); return true;
-    case DataType::kFloat32: ReduceTyped<float>(op, dst, src, count); return true;
-    case DataType::kFloat64: ReduceTyped<double>(op, dst, src, count); return true;
+    case DataType::kUInt8: ReduceTyped<uint8_t>(op, dst, a, b, count); return true;
+    case DataType::kInt8: ReduceTyped<int8_t>(op, dst, a, b, count); return true;
+    case DataType::kInt32: ReduceTyped<int32_t>(op, dst, a, b, count); return true;
+    case DataType::kInt64: ReduceTyped<int64_t>(op, dst, a, b, count); return true;
+    case DataType::kFloat32: ReduceTyped<float>(op, dst, a, b, count); return true;
+    case DataType::kFloat64: ReduceTyped<double>(op, dst, a, b, count); return true;
     case DataType::kFloat16:
-      Reduce16<HalfToFloat, FloatToHalf>(op, dst, src, count);
+      Reduce16<HalfToFloat, FloatToHalf>(op, dst, a, b, count);
       return true;
     case DataType::kBFloat16:
-      Reduce16<BFloat16ToFloat, FloatToBFloat16>(op, dst, src, count);
+      Reduce16<BFloat16ToFloat, FloatToBFloat16>(op, dst, a, b, count);
       return true;
     default: return false;
   }
+}
+
+bool ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, int64_t count) {
+  return Reduce(dtype, op, dst, dst, src, count);
 }
 
 }  // namespace hvdkeras

@@ -93,13 +93,15 @@ Status ShmAllreduce::Run(char* out, int64_t count, DataType dtype, ReduceOp op, 
     const int64_t half = (pieces_done_++ % 2) * piece_bytes_;
     fill(offset, offset + n, staging_[rank_] + half);
     Barrier();
-    // My slice: reduce every rank's contribution in rank order.
+    // My slice: every rank's contribution combined in rank order, the first
+    // two in one pass.
     const int64_t begin = n * rank_ / size_;
     const int64_t end = n * (rank_ + 1) / size_;
+    const int64_t at = half + begin * element;
     char* mine = out + (offset + begin) * element;
-    std::memcpy(mine, staging_[0] + half + begin * element, (end - begin) * element);
     for (int r = 1; r < size_; ++r) {
-      if (!ReduceInto(dtype, op, mine, staging_[r] + half + begin * element, end - begin)) {
+      const void* acc = r == 1 ? static_cast<const void*>(staging_[0] + at) : mine;
+      if (!Reduce(dtype, op, mine, acc, staging_[r] + at, end - begin)) {
         return Status::Error(StatusCode::kInvalidArgument, "allreduce of an unreducible dtype");
       }
     }

@@ -10,6 +10,7 @@
 // failing expression, count failures, and main() returns non-zero if any
 // check failed.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -1838,6 +1839,31 @@ TEST(ReduceIntoEveryOpOnFloats) {
   std::vector<double> x{1.5, 2}, y{0.25, -4};
   hvdkeras::ReduceInto(DataType::kFloat64, ReduceOp::kSum, x.data(), y.data(), 2);
   CHECK_EQ(x, (std::vector<double>{1.75, -2}));
+}
+
+TEST(ReduceIntoSeparateDestinationAndLongBuffers) {
+  // dst = a (op) b with dst distinct from both, over a length that leaves a
+  // tail after any vector width; a and b are left as they were.
+  const int n = 1027;
+  std::vector<float> a(n), b(n), d(n, -1.0f);
+  for (int i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i) * 0.5f;
+    b[i] = static_cast<float>(n - i);
+  }
+  const std::vector<float> a0 = a, b0 = b;
+  CHECK(hvdkeras::Reduce(DataType::kFloat32, ReduceOp::kSum, d.data(), a.data(), b.data(), n));
+  for (int i = 0; i < n; ++i) CHECK_EQ(d[i], a[i] + b[i]);
+  CHECK_EQ(a, a0);
+  CHECK_EQ(b, b0);
+  CHECK(hvdkeras::Reduce(DataType::kFloat32, ReduceOp::kMax, d.data(), a.data(), b.data(), n));
+  for (int i = 0; i < n; ++i) CHECK_EQ(d[i], std::max(a[i], b[i]));
+  // The destination may be the second operand too.
+  CHECK(hvdkeras::Reduce(DataType::kFloat32, ReduceOp::kProduct, b.data(), a.data(), b.data(), n));
+  for (int i = 0; i < n; ++i) CHECK_EQ(b[i], a0[i] * b0[i]);
+  std::vector<int32_t> x{7, -3, 2}, y{1, 1, 1}, z(3);
+  CHECK(hvdkeras::Reduce(DataType::kInt32, ReduceOp::kMin, z.data(), x.data(), y.data(), 3));
+  CHECK_EQ(z, (std::vector<int32_t>{1, -3, 1}));
+  CHECK(!hvdkeras::Reduce(DataType::kBool, ReduceOp::kSum, z.data(), x.data(), y.data(), 1));
 }
 
 TEST(ReduceIntoIntegersWrapLikeMpi) {
