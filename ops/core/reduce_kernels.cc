@@ -24,45 +24,45 @@ using Arith = typename std::conditional_t<std::is_integral_v<T>, std::make_unsig
                                           std::common_type<T>>::type;
 
 template <typename T>
-void ReduceTyped(ReduceOp op, void* dst, const void* src, const void* src2, int64_t count) {
+void ReduceTyped(ReduceOp op, void* dst, const void* lhs, const void* rhs, int64_t count) {
   using A = Arith<T>;
   switch (op) {
     case ReduceOp::kMin:
-      Combine2<T>(dst, src, src2, count, [](T a, T b) { return std::min(a, b); });
+      Combine2<T>(dst, lhs, rhs, count, [](T a, T b) { return std::min(a, b); });
       return;
     case ReduceOp::kMax:
-      Combine2<T>(dst, src, src2, count, [](T a, T b) { return std::max(a, b); });
+      Combine2<T>(dst, lhs, rhs, count, [](T a, T b) { return std::max(a, b); });
       return;
     case ReduceOp::kProduct:
-      Combine2<T>(dst, src, src2, count,
+      Combine2<T>(dst, lhs, rhs, count,
                   [](T a, T b) { return static_cast<T>(static_cast<A>(a) * static_cast<A>(b)); });
       return;
     default:  // Sum and Average
-      Combine2<T>(dst, src, src2, count,
+      Combine2<T>(dst, lhs, rhs, count,
                   [](T a, T b) { return static_cast<T>(static_cast<A>(a) + static_cast<A>(b)); });
       return;
   }
 }
 
 template <float (*kLoad)(uint16_t), uint16_t (*kStore)(float)>
-void Reduce16(ReduceOp op, void* dst, const void* src, const void* src2, int64_t count) {
+void Reduce16(ReduceOp op, void* dst, const void* lhs, const void* rhs, int64_t count) {
   auto via_float = [](auto combine) {
     return [combine](uint16_t a, uint16_t b) { return kStore(combine(kLoad(a), kLoad(b))); };
   };
   switch (op) {
     case ReduceOp::kMin:
-      Combine2<uint16_t>(dst, src, src2, count,
+      Combine2<uint16_t>(dst, lhs, rhs, count,
                          via_float([](float a, float b) { return std::min(a, b); }));
       return;
     case ReduceOp::kMax:
-      Combine2<uint16_t>(dst, src, src2, count,
+      Combine2<uint16_t>(dst, lhs, rhs, count,
                          via_float([](float a, float b) { return std::max(a, b); }));
       return;
     case ReduceOp::kProduct:
-      Combine2<uint16_t>(dst, src, src2, count, via_float([](float a, float b) { return a * b; }));
+      Combine2<uint16_t>(dst, lhs, rhs, count, via_float([](float a, float b) { return a * b; }));
       return;
     default:
-      Combine2<uint16_t>(dst, src, src2, count, via_float([](float a, float b) { return a + b; }));
+      Combine2<uint16_t>(dst, lhs, rhs, count, via_float([](float a, float b) { return a + b; }));
       return;
   }
 }
