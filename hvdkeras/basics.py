@@ -8,7 +8,7 @@ import dataclasses
 import os
 from typing import Any, Optional
 
-from hvdkeras import _library
+from hvdkeras import _library, tf_threads
 from hvdkeras.config import EngineConfig, engine_config_from_env
 
 _THREAD_LEVEL_NAMES = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
@@ -29,6 +29,7 @@ class _World:
     homogeneous: bool
     thread_level: int
     config: EngineConfig
+    tf_threads: Optional[int]  # threads per TensorFlow pool that init set, None if it set none
 
 
 _world: Optional[_World] = None
@@ -71,6 +72,10 @@ def init(comm: Any = None) -> None:
     background engine. A second call while running does nothing. A script run
     without `mpiexec` is a world of size 1.
 
+    Ranks that share a host's cores also share TensorFlow's thread pools out
+    between them (see `HVDKERAS_TF_THREADS`), which only takes effect when
+    `init()` runs before the first TensorFlow op.
+
     Args:
         comm: An `mpi4py.MPI.Intracomm` to run on (default `COMM_WORLD`). The
             engine works on a duplicate, so the caller may keep using it.
@@ -92,6 +97,7 @@ def init(comm: Any = None) -> None:
     if _world is not None:
         return
     config = engine_config_from_env()
+    threads_setting = tf_threads.parse_setting()
     from mpi4py import MPI
 
     if comm is None:
@@ -114,6 +120,7 @@ def init(comm: Any = None) -> None:
     local_comm = engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.Get_rank())
     cross_comm = engine_comm.Split(color=local_comm.Get_rank(), key=engine_comm.Get_rank())
     local_sizes = engine_comm.allgather(local_comm.Get_size())
+    pool_threads = _share_tf_threads(threads_setting, local_comm, warn=engine_comm.Get_rank() == 0)
     error = ctypes.create_string_buffer(1024)
     rc = lib.hvdkeras_engine_start(
         engine_comm.py2f(), config.fusion_threshold, config.cycle_time_ms,
@@ -133,10 +140,23 @@ def init(comm: Any = None) -> None:
         local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
         cross_rank=cross_comm.Get_rank(), cross_size=cross_comm.Get_size(),
         homogeneous=len(set(local_sizes)) == 1, thread_level=thread_level, config=config,
+        tf_threads=pool_threads,
     )
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+
+
+def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> Optional[int]:
+    """Applies the HVDKERAS_TF_THREADS policy; collective over the host's ranks."""
+    if setting == tf_threads.OFF:
+        return None
+    cpus = tf_threads.allowed_cpus()
+    cpu_sets = local_comm.allgather(cpus)
+    threads = setting if setting > 0 else tf_threads.threads_per_rank(cpus, cpu_sets)
+    if setting == tf_threads.AUTO and threads >= len(cpus):
+        return None  # no other rank competes for these cores: TensorFlow's defaults fit
+    return tf_threads.apply(threads, warn)
 
 
 def shutdown() -> None:
