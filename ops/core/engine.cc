@@ -175,7 +175,7 @@ void Engine::SetTimeline(const std::string& path, bool mark_cycles) {
 }
 
 Status Engine::Enqueue(std::unique_ptr<PendingOp> op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   const std::string& name = op->request.name;
   if (state_ == State::kNeverStarted) {
     return Status::Error(StatusCode::kPreconditionError,
@@ -196,7 +196,10 @@ Status Engine::Enqueue(std::unique_ptr<PendingOp> op) {
   op->request.rank = mpi_.rank();
   op->enqueued = Clock::now();
   incoming_.push_back(std::move(op));
-  cv_.notify_one();
+  const bool wake = engine_asleep_;
+  engine_asleep_ = false;
+  lock.unlock();  // the woken engine thread can take the lock at once
+  if (wake) cv_.notify_one();
   return Status::OK();
 }
 
@@ -241,7 +244,9 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (may_wait && incoming_.empty() && !shutdown_requested_) {
+      engine_asleep_ = true;
       cv_.wait_for(lock, std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+      engine_asleep_ = false;
     }
     arrived.swap(incoming_);
     shutdown = shutdown_requested_;

@@ -100,6 +100,9 @@ class Engine {
   std::condition_variable cv_;
   State state_ = State::kNeverStarted;
   bool shutdown_requested_ = false;
+  // True while the engine thread sleeps on cv_ and nobody has woken it yet:
+  // only the first op queued in that time signals (a wake-up is a syscall).
+  bool engine_asleep_ = false;
   std::vector<std::unique_ptr<PendingOp>> incoming_;
   std::unordered_set<std::string> in_flight_;
   bool timeline_request_pending_ = false;
