@@ -295,7 +295,7 @@ def _object_path(source: Path, source_dir: Path, objdir: Path) -> Path:
 def compile_commands(inputs: dict, src: Path, objdir: Path) -> list[list[str]]:
     """One compiler command per library source; each ends with ``-o <object in objdir>``."""
     src = Path(src)
-    flags = [*inputs.get("cxx_flags", BASE_CXX_FLAGS), f"-I{src}"]
+    flags = [*inputs["cxx_flags"], f"-I{src}"]
     if inputs.get("mpi_include"):
         flags.append(f"-I{inputs['mpi_include']}")
     flags += inputs["tf_compile_flags"]

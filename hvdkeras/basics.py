@@ -29,7 +29,6 @@ class _World:
     homogeneous: bool
     thread_level: int
     config: EngineConfig
-    tf_threads: Optional[int]  # threads per TensorFlow pool that init set, None if it set none
 
 
 _world: Optional[_World] = None
@@ -120,7 +119,7 @@ def init(comm: Any = None) -> None:
     local_comm = engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.Get_rank())
     cross_comm = engine_comm.Split(color=local_comm.Get_rank(), key=engine_comm.Get_rank())
     local_sizes = engine_comm.allgather(local_comm.Get_size())
-    pool_threads = _share_tf_threads(threads_setting, local_comm, warn=engine_comm.Get_rank() == 0)
+    _share_tf_threads(threads_setting, local_comm, warn=engine_comm.Get_rank() == 0)
     error = ctypes.create_string_buffer(1024)
     rc = lib.hvdkeras_engine_start(
         engine_comm.py2f(), config.fusion_threshold, config.cycle_time_ms,
@@ -140,23 +139,22 @@ def init(comm: Any = None) -> None:
         local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
         cross_rank=cross_comm.Get_rank(), cross_size=cross_comm.Get_size(),
         homogeneous=len(set(local_sizes)) == 1, thread_level=thread_level, config=config,
-        tf_threads=pool_threads,
     )
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
 
 
-def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> Optional[int]:
+def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> None:
     """Applies the HVDKERAS_TF_THREADS policy; collective over the host's ranks."""
     if setting == tf_threads.OFF:
-        return None
+        return
     cpus = tf_threads.allowed_cpus()
     cpu_sets = local_comm.allgather(cpus)
     threads = setting if setting > 0 else tf_threads.threads_per_rank(cpus, cpu_sets)
     if setting == tf_threads.AUTO and threads >= len(cpus):
-        return None  # no other rank competes for these cores: TensorFlow's defaults fit
-    return tf_threads.apply(threads, warn)
+        return  # no other rank competes for these cores: TensorFlow's defaults fit
+    tf_threads.apply(threads, warn)
 
 
 def shutdown() -> None:
