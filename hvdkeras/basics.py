@@ -151,10 +151,11 @@ def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> None:
         return
     cpus = tf_threads.allowed_cpus()
     cpu_sets = local_comm.allgather(cpus)
-    threads = setting if setting > 0 else tf_threads.threads_per_rank(cpus, cpu_sets)
-    if setting == tf_threads.AUTO and threads >= len(cpus):
+    shared = tf_threads.sharing_ranks(cpus, cpu_sets) > 1
+    if setting == tf_threads.AUTO and not shared:
         return  # no other rank competes for these cores: TensorFlow's defaults fit
-    tf_threads.apply(threads, warn)
+    threads = setting if setting > 0 else tf_threads.threads_per_rank(cpus, cpu_sets)
+    tf_threads.apply(threads, warn, spin=not shared)
 
 
 def shutdown() -> None:

@@ -6,6 +6,10 @@ threads: they spin and preempt each other and the engine thread, and every
 small step pays for it. `hvdkeras.init()` therefore gives each rank its share
 of the cores, unless the user chose the sizes (environment or
 `tf.config.threading`) or `HVDKERAS_TF_THREADS=0` turns the policy off.
+Where ranks share cores, their idle pool threads also go to sleep at once
+instead of spinning on a core another rank's threads are waiting for (the
+same reason OpenMP runtimes are told `OMP_WAIT_POLICY=passive` when
+oversubscribed).
 
 The policy itself (`parse_setting`, `threads_per_rank`) is pure and tested
 without MPI or TensorFlow; `apply` is the one place that touches TensorFlow.
@@ -61,6 +65,26 @@ def parse_setting(env: Optional[Mapping[str, str]] = None) -> int:
     return value
 
 
+def sharing_ranks(my_cpus: Sequence[int], local_cpu_sets: Sequence[Sequence[int]]) -> int:
+    """How many ranks of this host may run on any of this rank's CPUs, this one included.
+
+    Args:
+        my_cpus: The CPUs this rank may run on.
+        local_cpu_sets: The same for every rank on this host, this one included.
+
+    Returns:
+        At least 1.
+
+    Example:
+
+    ```python
+    sharing_ranks([0, 1], [[0, 1], [0, 1], [2, 3]])  # 2
+    ```
+    """
+    mine = set(my_cpus)
+    return max(1, sum(1 for cpus in local_cpu_sets if mine.intersection(cpus)))
+
+
 def threads_per_rank(my_cpus: Sequence[int], local_cpu_sets: Sequence[Sequence[int]]) -> int:
     """How many threads each TensorFlow pool of this rank should have.
 
@@ -82,9 +106,7 @@ def threads_per_rank(my_cpus: Sequence[int], local_cpu_sets: Sequence[Sequence[i
     threads_per_rank([0, 1], [[0, 1], [2, 3]])                    # 2
     ```
     """
-    mine = set(my_cpus)
-    sharers = sum(1 for cpus in local_cpu_sets if mine.intersection(cpus))
-    return max(1, len(mine) // max(1, sharers))
+    return max(1, len(set(my_cpus)) // sharing_ranks(my_cpus, local_cpu_sets))
 
 
 def allowed_cpus() -> list:
@@ -95,13 +117,15 @@ def allowed_cpus() -> list:
         return list(range(os.cpu_count() or 1))
 
 
-def apply(threads: int, warn: bool) -> Optional[int]:
+def apply(threads: int, warn: bool, spin: bool = True) -> Optional[int]:
     """Sets both TensorFlow pools to `threads`, unless the user already chose.
 
     Args:
         threads: Threads per pool.
         warn: Whether to warn when TensorFlow is already running and so can no
             longer be changed (hvdkeras passes True on rank 0 only).
+        spin: False makes idle pool threads sleep at once instead of
+            spinning first (for ranks that share cores).
 
     Returns:
         `threads` if the pools were set, else None.
@@ -127,4 +151,32 @@ def apply(threads: int, warn: bool) -> Optional[int]:
                 stacklevel=4,  # the caller of hvdkeras.init()
             )
         return None
+    if not spin:
+        _stop_spinning()
     return threads
+
+
+def _stop_spinning() -> None:
+    """Asks TensorFlow's pools, not yet created, not to spin while idle.
+
+    TensorFlow reads `ConfigProto.experimental.disable_thread_spinning` when
+    it creates its runtime, but offers no public setter in eager mode, so
+    the option goes into the context's base config (kept in `_config` from
+    TF 2.16 to 2.21). If a later TensorFlow renames it, pools keep spinning:
+    slower on shared cores, nothing worse.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    if not hasattr(context.context(), "_config"):
+        return
+    # Devices are found first, while the base config is still the user's:
+    # TensorFlow imports device settings from it once, at that moment.
+    tf.config.list_physical_devices()
+    ctx = context.context()
+    config = config_pb2.ConfigProto()
+    if ctx._config is not None:
+        config.CopyFrom(ctx._config)
+    config.experimental.disable_thread_spinning = True
+    ctx._config = config

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hvdkeras import tf_threads
-from hvdkeras.tf_threads import AUTO, OFF, TF_THREADS, parse_setting, threads_per_rank
+from hvdkeras.tf_threads import (AUTO, OFF, TF_THREADS, parse_setting, sharing_ranks,
+                                 threads_per_rank)
 
 
 @pytest.mark.parametrize("raw", [None, "", "  ", "auto", "AUTO", " Auto "])
@@ -69,6 +70,19 @@ def test_only_overlapping_ranks_count():
     sets = [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7]]
     assert threads_per_rank(sets[0], sets) == 2
     assert threads_per_rank(sets[2], sets) == 4
+
+
+def test_sharing_ranks_counts_overlapping_cpu_sets():
+    """Who competes for this rank's cores decides whether idle pool threads may spin."""
+    shared = [[0, 1], [0, 1], [0, 1]]
+    assert sharing_ranks(shared[0], shared) == 3
+    pinned = [[0, 1], [2, 3]]
+    assert sharing_ranks(pinned[0], pinned) == 1
+    partly = [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert sharing_ranks(partly[0], partly) == 2
+    assert sharing_ranks(partly[2], partly) == 1
+    assert sharing_ranks([0], [[0]]) == 1  # a lone rank
+    assert sharing_ranks([0], []) == 1  # never fewer than itself
 
 
 def test_allowed_cpus_lists_this_process():

@@ -2,7 +2,7 @@
 
 Real `mpiexec` jobs of tests/scripts/tf_threads_job.py. The ranks all run on
 this machine's cores, so with N ranks each pool gets cores // N threads (at
-least 1) unless the user chose otherwise.
+least 1), and idle pool threads do not spin, unless the user chose otherwise.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def test_ranks_on_one_host_split_its_cores(np):
     expected = max(1, CPUS // np)
     for record in run_job(np):
         assert (record["intra"], record["inter"]) == (expected, expected), record
+        assert record["no_spinning"] is True, record
         assert record["warnings"] == [], record
         assert record["allreduce"] == [np * (np + 1) / 2] * 3, record
 
@@ -60,12 +61,14 @@ def test_a_plain_script_keeps_tensorflow_defaults():
     """A world of one competes with nobody: TensorFlow sizes its pools itself (0 = default)."""
     (record,) = run_job(0)
     assert (record["intra"], record["inter"]) == (0, 0), record
+    assert record["no_spinning"] is False, record
     assert record["allreduce"] == [1.0] * 3
 
 
 def test_explicit_thread_count_applies_to_both_pools():
     for record in run_job(2, env={"HVDKERAS_TF_THREADS": "3"}):
         assert (record["intra"], record["inter"]) == (3, 3), record
+        assert record["no_spinning"] is True, record  # the two ranks share this host's cores
         assert record["allreduce"] == [3.0] * 3
 
 
@@ -75,6 +78,7 @@ def test_explicit_thread_count_applies_to_both_pools():
 def test_user_choices_are_left_alone(env):
     for record in run_job(2, env=env):
         assert (record["intra"], record["inter"]) == (0, 0), record
+        assert record["no_spinning"] is False, record
         assert record["warnings"] == [], record
         assert record["allreduce"] == [3.0] * 3
 
@@ -83,6 +87,7 @@ def test_tensorflow_started_before_init_warns_on_rank_0_only():
     records = run_job(2, ["early"])
     for record in records:
         assert (record["intra"], record["inter"]) == (0, 0), record
+        assert record["no_spinning"] is False, record
         assert record["allreduce"] == [3.0] * 3, record
     (warning,) = records[0]["warnings"]
     assert "before running any TensorFlow op" in warning and "HVDKERAS_TF_THREADS=0" in warning

@@ -3,8 +3,9 @@
     mpiexec -n N python tf_threads_job.py [early]
 
 With `early`, a TensorFlow op runs before init(). Every rank prints one line
-`RESULT {...}`: its rank, both pool sizes after init(), the warnings init()
-raised, the value of an allreduce run afterwards (or the error init() raised).
+`RESULT {...}`: its rank, both pool sizes after init(), whether idle pool
+threads were told not to spin, the warnings init() raised, the value of an
+allreduce run afterwards (or the error init() raised).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from mpi4py import MPI  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.eager import context  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
 
@@ -33,6 +35,7 @@ with warnings.catch_warnings(record=True) as caught:
 out["warnings"] = [str(w.message) for w in caught if "hvdkeras" in str(w.message)]
 out["intra"] = tf.config.threading.get_intra_op_parallelism_threads()
 out["inter"] = tf.config.threading.get_inter_op_parallelism_threads()
+out["no_spinning"] = context.context().config.experimental.disable_thread_spinning
 if "error" not in out:
     value = tf.function(lambda: hvd.allreduce(tf.fill([3], float(hvd.rank() + 1)), op=hvd.Sum))()
     out["allreduce"] = value.numpy().tolist()
