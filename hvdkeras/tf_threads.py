@@ -11,7 +11,7 @@ instead of spinning on a core another rank's threads are waiting for (the
 same reason OpenMP runtimes are told `OMP_WAIT_POLICY=passive` when
 oversubscribed).
 
-The policy itself (`parse_setting`, `threads_per_rank`) is pure and tested
+The policy itself (`parse_setting`, `sharing_ranks`, `threads_per_rank`) is pure and tested
 without MPI or TensorFlow; `apply` is the one place that touches TensorFlow.
 """
 
@@ -161,8 +161,8 @@ def _stop_spinning() -> None:
 
     TensorFlow reads `ConfigProto.experimental.disable_thread_spinning` when
     it creates its runtime, but offers no public setter in eager mode, so
-    the option goes into the context's base config (kept in `_config` from
-    TF 2.16 to 2.21). If a later TensorFlow renames it, pools keep spinning:
+    the option goes into the context's base config (its `_config`, checked in
+    TF 2.17 and 2.21). If a later TensorFlow renames it, pools keep spinning:
     slower on shared cores, nothing worse.
     """
     import tensorflow as tf
