@@ -169,12 +169,12 @@ def _stop_spinning() -> None:
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context
 
-    if not hasattr(context.context(), "_config"):
+    ctx = context.context()
+    if not hasattr(ctx, "_config"):
         return
     # Devices are found first, while the base config is still the user's:
     # TensorFlow imports device settings from it once, at that moment.
     tf.config.list_physical_devices()
-    ctx = context.context()
     config = config_pb2.ConfigProto()
     if ctx._config is not None:
         config.CopyFrom(ctx._config)
