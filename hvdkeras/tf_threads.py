@@ -11,8 +11,9 @@ instead of spinning on a core another rank's threads are waiting for (the
 same reason OpenMP runtimes are told `OMP_WAIT_POLICY=passive` when
 oversubscribed).
 
-The policy itself (`parse_setting`, `sharing_ranks`, `threads_per_rank`) is pure and tested
-without MPI or TensorFlow; `apply` is the one place that touches TensorFlow.
+The policy itself (`parse_setting`, `sharing_ranks`, `threads_per_rank`) is
+pure and tested without MPI or TensorFlow; `apply` (with its helper
+`_stop_spinning`) is the one place that touches TensorFlow.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def apply(threads: int, warn: bool, spin: bool = True) -> Optional[int]:
     import tensorflow as tf
 
     threading = tf.config.threading
-    if threading.get_intra_op_parallelism_threads() or threading.get_inter_op_parallelism_threads():
+    if (threading.get_intra_op_parallelism_threads()
+            or threading.get_inter_op_parallelism_threads()):
         return None
     try:
         threading.set_intra_op_parallelism_threads(threads)
