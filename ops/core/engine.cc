@@ -216,7 +216,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   const size_t words = (cache_.num_slots() + 63) / 64;
   std::vector<uint64_t> bits(1 + 2 * words, 0);
   bits[0] = kNoUnsentRequests | kNoShutdownRequest | kNoJoinedRank | kNoTimeline |
-            kNoCoordinatorNews;
+            kNoCoordinatorNews | kNoParamUpdate;
   if (shutdown) bits[0] &= ~kNoShutdownRequest;
   if (joined_) bits[0] &= ~kNoJoinedRank;
   if (timeline_.active()) bits[0] &= ~kNoTimeline;
