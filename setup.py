@@ -17,12 +17,16 @@ from setuptools.command.build_py import build_py
 
 REPO_ROOT = Path(__file__).resolve().parent
 OPS_DIR = REPO_ROOT / "ops"
-SOURCE_SUFFIXES = (".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh")
+# Everything under ops/ ships except build products, so the wheel cannot miss
+# a kind of source file the build reads (hvdkeras.engine.toolchain decides
+# which files those are).
+BUILD_PRODUCT_SUFFIXES = (".o", ".so", ".a")
 
 
 def _is_op_source(path: Path) -> bool:
-    """Whether ``path`` is a C++/CUDA source file that belongs in the wheel."""
-    return path.is_file() and path.suffix in SOURCE_SUFFIXES
+    """Whether ``path`` is a file of the op sources that belongs in the wheel."""
+    return (path.is_file() and path.suffix not in BUILD_PRODUCT_SUFFIXES
+            and "__pycache__" not in path.parts)
 
 
 class BuildPyWithOpSources(build_py):

@@ -3,84 +3,102 @@
 A Horovod user changes one import line::
 
     import hvdkeras as hvd   # was: import horovod.tensorflow.keras as hvd
+
+The public names below are loaded on first use (PEP 562 module
+`__getattr__`): `import hvdkeras`, `hvdkeras --help`, `hvdkerasrun` and recipe
+validation import neither TensorFlow nor mpi4py until something needs them.
+Where each name lives is in `_PUBLIC`; `docs/architecture.md` maps the
+packages.
 """
 
-from hvdkeras.basics import (
-    cross_rank,
-    cross_size,
-    engine_config,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_threads_supported,
-    rank,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdkeras.collectives import (
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allreduce,
-    broadcast,
-    broadcast_variables,
-    grouped_allreduce,
-)
-from hvdkeras.gather_scatter import (
-    allgather,
-    alltoall,
-    grouped_allgather,
-    grouped_reducescatter,
-    reducescatter,
-)
-from hvdkeras.object_collectives import allgather_object, broadcast_object
-from hvdkeras.synchronization import barrier, join
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Dict, List
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "cross_rank",
-    "cross_size", "engine_config", "grouped_allgather", "grouped_allreduce",
-    "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
-    "local_size", "mpi_threads_supported", "rank", "reducescatter", "shutdown", "size",
-    "start_timeline", "stop_timeline",
-]
+# Public modules, by the name they have here.
+_PUBLIC_MODULES: Dict[str, str] = {
+    "callbacks": "hvdkeras.callbacks",
+    "schedules": "hvdkeras.training.schedules",
+    "runner": "hvdkeras.runner",
+    "recipes": "hvdkeras.recipes",
+}
 
-# --- Keras 3 integration (issue 4) -----------------------------------------
-from hvdkeras import callbacks, schedules
-from hvdkeras.checkpointing import restore_from_checkpoint, save_model_atomic
-from hvdkeras.compression import Compression
-from hvdkeras.gradient_tape import DistributedGradientTape
-from hvdkeras.model_sync import broadcast_model
-from hvdkeras.optimizer import DistributedOptimizer, is_distributed
-from hvdkeras.output import fit_verbose
-from hvdkeras.schedules import scale_lr
+# Other public names -> the module that defines them.
+_PUBLIC: Dict[str, str] = {
+    # This process's world (hvdkeras.engine.world).
+    **dict.fromkeys(
+        ("init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+         "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
+         "start_timeline", "stop_timeline", "engine_config"), "hvdkeras.engine.world"),
+    # Reductions.
+    **dict.fromkeys(("Average", "Sum", "Min", "Max", "Product"), "hvdkeras.engine.types"),
+    # Collectives.
+    **dict.fromkeys(
+        ("allreduce", "grouped_allreduce", "broadcast", "broadcast_variables", "allgather",
+         "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "barrier",
+         "join", "allgather_object", "broadcast_object"), "hvdkeras.collectives"),
+    # Keras training.
+    "DistributedOptimizer": "hvdkeras.training.optimizer",
+    "is_distributed": "hvdkeras.training.optimizer",
+    "DistributedGradientTape": "hvdkeras.training.gradient_tape",
+    "Compression": "hvdkeras.training.compression",
+    "broadcast_model": "hvdkeras.training.model_sync",
+    "save_model_atomic": "hvdkeras.training.checkpoint_writing",
+    "restore_from_checkpoint": "hvdkeras.training.checkpoint_restore",
+    "fit_verbose": "hvdkeras.training.output",
+    "scale_lr": "hvdkeras.training.schedules",
+    # Launching.
+    "run": "hvdkeras.runner.function_runner",
+    "Runner": "hvdkeras.runner.function_runner",
+    "RankFailedError": "hvdkeras.runner.function_runner",
+    "launch": "hvdkeras.runner.launch",
+    # YAML recipes.
+    "RecipeError": "hvdkeras.recipes.validation",
+    "load_recipe": "hvdkeras.recipes",
+}
 
-__all__ += [
-    "Compression", "DistributedGradientTape", "DistributedOptimizer", "broadcast_model",
-    "callbacks", "fit_verbose", "is_distributed", "restore_from_checkpoint",
-    "save_model_atomic", "scale_lr", "schedules",
-]
+__all__: List[str] = sorted([*_PUBLIC_MODULES, *_PUBLIC])
 
-# --- Launching (issue 5): hvdkerasrun's launch(), the function runner -------
-# (hvdkeras.spark is a subpackage imported on demand: it needs the [spark] extra.)
-from hvdkeras import runner
-from hvdkeras.runner import RankFailedError, Runner, run
-from hvdkeras.runner.launch import launch
 
-__all__ += ["RankFailedError", "Runner", "launch", "run", "runner"]
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC_MODULES:
+        value = importlib.import_module(_PUBLIC_MODULES[name])
+    elif name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    else:
+        raise AttributeError(f"module 'hvdkeras' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-# --- YAML training recipes (issue 6): `hvdkeras train/validate/recipes` ------
-# hvdkeras.recipes holds the schema, the per-rank entry point and the bundled
-# recipes; load_recipe validates a recipe file (RecipeError lists every problem).
-from hvdkeras import recipes
-from hvdkeras.recipes import RecipeError, load_recipe
 
-__all__ += ["RecipeError", "load_recipe", "recipes"]
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
+    from hvdkeras import callbacks, recipes, runner
+    from hvdkeras.collectives import (allgather, allgather_object, allreduce, alltoall, barrier,
+                                      broadcast, broadcast_object, broadcast_variables,
+                                      grouped_allgather, grouped_allreduce,
+                                      grouped_reducescatter, join, reducescatter)
+    from hvdkeras.engine.types import Average, Max, Min, Product, Sum
+    from hvdkeras.engine.world import (cross_rank, cross_size, engine_config, init,
+                                       is_homogeneous, is_initialized, local_rank, local_size,
+                                       mpi_threads_supported, rank, shutdown, size,
+                                       start_timeline, stop_timeline)
+    from hvdkeras.recipes import load_recipe
+    from hvdkeras.recipes.validation import RecipeError
+    from hvdkeras.runner.function_runner import RankFailedError, Runner, run
+    from hvdkeras.runner.launch import launch
+    from hvdkeras.training import schedules
+    from hvdkeras.training.checkpoint_restore import restore_from_checkpoint
+    from hvdkeras.training.checkpoint_writing import save_model_atomic
+    from hvdkeras.training.compression import Compression
+    from hvdkeras.training.gradient_tape import DistributedGradientTape
+    from hvdkeras.training.model_sync import broadcast_model
+    from hvdkeras.training.optimizer import DistributedOptimizer, is_distributed
+    from hvdkeras.training.output import fit_verbose
+    from hvdkeras.training.schedules import scale_lr

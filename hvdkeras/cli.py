@@ -2,28 +2,37 @@
 
 Subcommands register themselves with ``@command``: a function that receives
 the parsed arguments and returns an exit code, plus an optional function that
-adds the subcommand's options. New subcommands (train, validate, recipes, ...)
-are added the same way.
+adds the subcommand's options.
+
+What may import this module: nothing in the package (it is the console
+script's entry point). It may import anything, but imports TensorFlow, Keras
+and mpi4py only inside the subcommands that need them, so ``hvdkeras --help``
+and ``hvdkeras validate --schema-only`` start in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Callable, Sequence
+
+import yaml
+
+import hvdkeras
+from hvdkeras.engine import build, toolchain
+from hvdkeras.engine.world import thread_level_name
+from hvdkeras.recipes import RecipeError, bundled_recipes, find_recipe, load_recipe
+from hvdkeras.recipes import launching
+from hvdkeras.recipes.yaml_source import SourceError, load_file
 
 Handler = Callable[[argparse.Namespace], int]
 Configure = Callable[[argparse.ArgumentParser], None]
 
 LABEL_WIDTH = 17
-THREAD_LEVEL_NAMES = (
-    "MPI_THREAD_SINGLE",
-    "MPI_THREAD_FUNNELED",
-    "MPI_THREAD_SERIALIZED",
-    "MPI_THREAD_MULTIPLE",
-)
 
 
 @dataclass(frozen=True)
@@ -50,24 +59,10 @@ def command(name: str, help: str, configure: Configure | None = None) -> Callabl
 
 def hvdkeras_version() -> str:
     """Installed hvdkeras version (package metadata, else the module attribute)."""
-    from importlib import metadata
-
     try:
         return metadata.version("hvdkeras")
     except metadata.PackageNotFoundError:
-        import hvdkeras
-
-        return getattr(hvdkeras, "__version__", "unknown")
-
-
-def thread_level_name(level: int) -> str:
-    """Name of an MPI thread support level, e.g. 3 -> ``MPI_THREAD_MULTIPLE``."""
-    from mpi4py import MPI
-
-    for name in THREAD_LEVEL_NAMES:
-        if getattr(MPI, name[4:]) == level:
-            return name
-    return f"unknown ({level})"
+        return hvdkeras.__version__
 
 
 # --------------------------------------------------------------------------
@@ -82,9 +77,7 @@ def _configure_build(parser: argparse.ArgumentParser) -> None:
 
 @command("build", help="compile the op library (cached) and print its path", configure=_configure_build)
 def _build(args: argparse.Namespace) -> int:
-    from hvdkeras import _build
-
-    print(_build.ensure_built(force=args.force, verbose=args.verbose))
+    print(build.ensure_built(force=args.force, verbose=args.verbose))
     return 0
 
 
@@ -101,8 +94,8 @@ def _print_rows(rows: list[tuple[str, object]]) -> None:
 
 def _framework_rows() -> list[tuple[str, object]]:
     """Versions of hvdkeras, Python, TensorFlow and Keras."""
-    import keras
-    import tensorflow as tf
+    import keras  # lazy: seconds to import; only `check` needs it
+    import tensorflow as tf  # lazy: as above
 
     return [
         ("hvdkeras", hvdkeras_version()),
@@ -114,11 +107,9 @@ def _framework_rows() -> list[tuple[str, object]]:
 
 def _mpi_rows() -> list[tuple[str, object]]:
     """The MPI that mpi4py loaded and its thread support level."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: importing it initializes MPI
 
-    from hvdkeras import _build
-
-    info = _build.mpi_library_info()
+    info = toolchain.mpi_library_info()
     return [
         ("MPI vendor", info["vendor"]),
         ("MPI library", info["version"]),
@@ -130,13 +121,9 @@ def _mpi_rows() -> list[tuple[str, object]]:
 
 def _op_library_rows() -> list[tuple[str, object]]:
     """The op library for the current environment (built now if missing)."""
-    from hvdkeras import _build
-
-    key = _build.cache_key(_build.build_inputs())
-    was_cached = _build.library_path(key).is_file()
-    library = _build.ensure_built()
-    info = _build.read_build_info(library)
-    status = "yes" if was_cached else "it was missing; built it now"
+    library = build.ensure_built()
+    info = toolchain.read_build_info(library)
+    status = "it was missing; built it now" if build.last_build_performed else "yes"
     return [
         ("op library", library),
         ("built for", f"TensorFlow {info.get('tf_version')} on {info.get('built_at')}"),
@@ -156,7 +143,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
-# train, validate, recipes (YAML training recipes, issue 6)
+# train, validate, recipes
 # --------------------------------------------------------------------------
 
 
@@ -184,8 +171,6 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
 
 def _load_recipe_or_report(recipe: str, overrides, environment: bool = True):
     """(recipe, path) or None after printing the problems to stderr."""
-    from hvdkeras.recipes import RecipeError, find_recipe, load_recipe
-
     try:
         loaded, _ = load_recipe(recipe, overrides, environment=environment)
     except RecipeError as error:
@@ -197,11 +182,6 @@ def _load_recipe_or_report(recipe: str, overrides, environment: bool = True):
 @command("train", help="train a YAML recipe on N ranks (validated before anything starts)",
          configure=_configure_train)
 def _train(args: argparse.Namespace) -> int:
-    import os
-
-    from hvdkeras.recipes import engine_env
-    from hvdkeras.recipes.launching import launch_ranks, rank_command
-
     if args.np < 1:
         print(f"hvdkeras: error: --np must be at least 1, got {args.np}", file=sys.stderr)
         return 2
@@ -213,15 +193,15 @@ def _train(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     recipe, path = loaded
-    env = engine_env(recipe)
+    env = launching.engine_env(recipe)
     summary_json = os.path.abspath(args.summary_json) if args.summary_json else None
     if args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts:
-        from hvdkeras.recipes.run import train
+        from hvdkeras.recipes.run import train  # lazy: imports TensorFlow
 
         os.environ.update(env)
         return train(recipe, summary_json)
-    command = rank_command(os.path.abspath(path), args.overrides, summary_json)
-    return launch_ranks(command, np=args.np, hosts=args.hosts, hostfile=args.hostfile,
+    command = launching.rank_command(os.path.abspath(path), args.overrides, summary_json)
+    return launching.launch_ranks(command, np=args.np, hosts=args.hosts, hostfile=args.hostfile,
                         env=env, max_restarts=args.max_restarts)
 
 
@@ -242,8 +222,6 @@ def _validate(args: argparse.Namespace) -> int:
         return 2
     recipe, path = loaded
     if args.show:
-        import yaml
-
         print(yaml.safe_dump(recipe, sort_keys=False, default_flow_style=None), end="")
     data = recipe["data"]
     print(f"hvdkeras: {path}: OK ({recipe['name']}: model {recipe['model']['name']}, "
@@ -257,9 +235,6 @@ def _configure_recipes(parser: argparse.ArgumentParser) -> None:
 
 @command("recipes", help="list the bundled recipes (or print one)", configure=_configure_recipes)
 def _recipes(args: argparse.Namespace) -> int:
-    from hvdkeras.recipes import bundled_recipes
-    from hvdkeras.recipes.yaml_source import SourceError, load_file
-
     bundled = bundled_recipes()
     if args.name:
         if args.name not in bundled:
@@ -276,7 +251,7 @@ def _recipes(args: argparse.Namespace) -> int:
             description = "(unreadable)"
         print(f"{name:<{width}}  {description.splitlines()[0] if description else ''}")
         print(f"{'':<{width}}  {path}")
-    print(f"\nRun one: hvdkeras train NAME --np 2   (NAME or a path; --set key.path=value "
+    print("\nRun one: hvdkeras train NAME --np 2   (NAME or a path; --set key.path=value "
           "overrides)")
     return 0
 
@@ -300,12 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (2 on build errors)."""
-    from hvdkeras._build import BuildError
-
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except BuildError as exc:
+    except toolchain.BuildError as exc:
         print(f"hvdkeras: error: {exc}", file=sys.stderr)
         return 2
 

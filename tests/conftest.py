@@ -8,6 +8,16 @@ collect them itself. Inside such a job `HVDKERAS_UNDER_MPI=1` is set.
 
 import os
 
+import pytest
+
+from hvdkeras.engine import build
+
 UNDER_MPI = os.environ.get("HVDKERAS_UNDER_MPI") == "1"
 
 collect_ignore_glob = [] if UNDER_MPI else ["parallel/*"]
+
+
+@pytest.fixture(scope="session")
+def op_library_built():
+    """Builds the op library once, up front, so no MPI job spends its time compiling."""
+    build.ensure_built()

@@ -28,14 +28,9 @@ DEFAULT_CYCLE_MS = 1.0
 HEADER = ["trial", "fusion_threshold_bytes", "cycle_time_ms", "score_bytes_per_second",
           "best_so_far", "final"]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
+pytestmark = [pytest.mark.usefixtures("op_library_built"),
+              pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    from hvdkeras import _build
-
-    _build.ensure_built()
 
 
 def run_job(tmp_path: Path, env: dict) -> tuple[list[dict], dict, list[dict]]:

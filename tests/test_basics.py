@@ -97,9 +97,9 @@ def test_raw_op_before_init_fails_with_a_clear_error():
     out = run_script("""
         import json
         import tensorflow as tf
-        from hvdkeras import _library
+        from hvdkeras.engine import library
         try:
-            _library.ops().hvdkeras_allreduce([tf.ones([2])], reduce_op=1, tensor_name="early")
+            library.ops().hvdkeras_allreduce([tf.ones([2])], reduce_op=1, tensor_name="early")
             out = {"kind": "returned", "message": ""}
         except tf.errors.FailedPreconditionError as e:
             out = {"kind": "FailedPreconditionError", "message": e.message}

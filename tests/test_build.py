@@ -1,4 +1,4 @@
-"""Tests of the op-library build layer (hvdkeras._build) and the CLI around it.
+"""Tests of the op-library build layer (hvdkeras.engine.toolchain and hvdkeras.engine.build) and the CLI around it.
 
 Most tests need no compiler. The ones marked with ``real_build`` compile a tiny
 self-contained op tree (written below into tmp_path, independent of the real
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdkeras import _build, cli
+from hvdkeras import cli
+from hvdkeras.engine import build, toolchain
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,8 +149,8 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_cache_key_is_stable_and_order_independent():
     inputs = fake_inputs()
     reordered = dict(reversed(list(inputs.items())))
-    assert _build.cache_key(inputs) == _build.cache_key(reordered)
-    assert _build.cache_key(inputs).startswith("tf2.21.0-")
+    assert toolchain.cache_key(inputs) == toolchain.cache_key(reordered)
+    assert toolchain.cache_key(inputs).startswith("tf2.21.0-")
 
 
 @pytest.mark.parametrize(
@@ -169,36 +170,36 @@ def test_cache_key_is_stable_and_order_independent():
 )
 def test_cache_key_changes_with_every_input(field, value):
     changed = {**fake_inputs(), field: value}
-    assert _build.cache_key(changed) != _build.cache_key(fake_inputs())
+    assert toolchain.cache_key(changed) != toolchain.cache_key(fake_inputs())
 
 
 def test_source_hash_tracks_content_and_names_but_not_tests(tiny_tree: Path):
-    original = _build.source_hash(tiny_tree)
-    assert original == _build.source_hash(tiny_tree)
+    original = toolchain.source_hash(tiny_tree)
+    assert original == toolchain.source_hash(tiny_tree)
 
     (tiny_tree / "tests" / "tiny_test.cc").write_text("int main() { return 1; }\n")
-    assert _build.source_hash(tiny_tree) == original
+    assert toolchain.source_hash(tiny_tree) == original
 
     core = tiny_tree / "core" / "tiny.cc"
     core.write_text(core.read_text() + "// changed\n")
-    edited = _build.source_hash(tiny_tree)
+    edited = toolchain.source_hash(tiny_tree)
     assert edited != original
 
     core.rename(tiny_tree / "core" / "renamed.cc")
-    assert _build.source_hash(tiny_tree) not in (original, edited)
+    assert toolchain.source_hash(tiny_tree) not in (original, edited)
 
 
 def test_source_hash_of_copied_real_sources(tmp_path: Path):
     copy = tmp_path / "ops"
-    shutil.copytree(_build.ops_source_dir(), copy)
-    original = _build.source_hash(copy)
-    assert original == _build.source_hash(_build.ops_source_dir())
+    shutil.copytree(toolchain.ops_source_dir(), copy)
+    original = toolchain.source_hash(copy)
+    assert original == toolchain.source_hash(toolchain.ops_source_dir())
     (copy / "core" / "extra.h").write_text("#pragma once\n")
-    assert _build.source_hash(copy) != original
+    assert toolchain.source_hash(copy) != original
 
 
 def test_ops_source_dir_finds_the_sources():
-    source_dir = _build.ops_source_dir()
+    source_dir = toolchain.ops_source_dir()
     assert source_dir.is_dir()
     assert source_dir.name in ("ops", "_ops_src")
     assert (source_dir / "core").is_dir()
@@ -212,7 +213,7 @@ def test_ops_source_dir_finds_the_sources():
 
 def test_compile_commands_cover_core_and_tf_but_not_tests(tiny_tree: Path, tmp_path: Path):
     objdir = tmp_path / "obj"
-    commands = _build.compile_commands(fake_inputs(), tiny_tree, objdir)
+    commands = build.compile_commands(fake_inputs(), tiny_tree, objdir)
     compiled = sorted(Path(c[c.index("-c") + 1]).relative_to(tiny_tree).as_posix() for c in commands)
     assert compiled == ["core/tiny.cc", "tf/tiny_ops.cc"]
     for command in commands:
@@ -227,8 +228,8 @@ def test_compile_commands_cover_core_and_tf_but_not_tests(tiny_tree: Path, tmp_p
 
 
 def test_link_command_links_mpi_and_tensorflow(tmp_path: Path):
-    output = tmp_path / _build.LIBRARY_NAME
-    command = _build.link_command(fake_inputs(), [tmp_path / "a.o"], output)
+    output = tmp_path / toolchain.LIBRARY_NAME
+    command = build.link_command(fake_inputs(), [tmp_path / "a.o"], output)
     assert "-shared" in command
     assert command[command.index("-o") + 1] == str(output)
     assert "-l:libtensorflow_framework.so.2" in command
@@ -238,29 +239,29 @@ def test_link_command_links_mpi_and_tensorflow(tmp_path: Path):
 
 
 def test_real_build_inputs_describe_this_environment():
-    inputs = _build.build_inputs()
+    inputs = toolchain.build_inputs()
     assert "-D_GLIBCXX_USE_CXX11_ABI=1" in inputs["tf_compile_flags"]
     assert Path(inputs["mpi_library"]).is_file()
     assert Path(inputs["mpi_library"]).name.startswith("libmpi")
     assert (Path(inputs["mpi_include"]) / "mpi.h").is_file()
     assert inputs["with_cuda"] is False
-    assert inputs["cxx_flags"] == list(_build.BASE_CXX_FLAGS)
-    assert inputs["source_hash"] == _build.source_hash(_build.ops_source_dir())
-    info = _build.mpi_library_info()
+    assert inputs["cxx_flags"] == list(toolchain.BASE_CXX_FLAGS)
+    assert inputs["source_hash"] == toolchain.source_hash(toolchain.ops_source_dir())
+    info = toolchain.mpi_library_info()
     assert info["vendor"] and info["version"]
 
 
 def test_system_mpi_headers_of_the_loaded_vendor_come_first():
-    open_mpi_dirs = [str(d) for d in _build._system_include_dirs("Open MPI")]
-    mpich_dirs = [str(d) for d in _build._system_include_dirs("MPICH")]
+    open_mpi_dirs = [str(d) for d in toolchain._system_include_dirs("Open MPI")]
+    mpich_dirs = [str(d) for d in toolchain._system_include_dirs("MPICH")]
     assert "openmpi" in open_mpi_dirs[0] and "mpich" in mpich_dirs[0]
-    assert sorted(open_mpi_dirs) == sorted(mpich_dirs) == sorted(_build.SYSTEM_MPI_INCLUDE_DIRS)
+    assert sorted(open_mpi_dirs) == sorted(mpich_dirs) == sorted(toolchain.SYSTEM_MPI_INCLUDE_DIRS)
 
 
 def test_cache_root_honours_environment(cache_dir: Path):
-    assert _build.cache_root() == cache_dir
-    key = _build.cache_key(fake_inputs())
-    assert _build.library_path(key) == cache_dir / "ops" / key / "libhvdkeras_ops.so"
+    assert toolchain.cache_root() == cache_dir
+    key = toolchain.cache_key(fake_inputs())
+    assert toolchain.library_path(key) == cache_dir / "ops" / key / "libhvdkeras_ops.so"
 
 
 # --------------------------------------------------------------------------
@@ -270,8 +271,8 @@ def test_cache_root_honours_environment(cache_dir: Path):
 
 def test_missing_compiler_is_a_clear_error(tiny_tree: Path, cache_dir: Path, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-hvdkeras")
-    with pytest.raises(_build.BuildError, match="No C\\+\\+ compiler found"):
-        _build.ensure_built(source_dir=tiny_tree)
+    with pytest.raises(toolchain.BuildError, match="No C\\+\\+ compiler found"):
+        build.ensure_built(source_dir=tiny_tree)
     assert not (cache_dir / "ops").exists() or not any((cache_dir / "ops").glob("*/*.so"))
 
 
@@ -292,20 +293,20 @@ def test_compiler_error_is_reported_and_leaves_no_library(tmp_path: Path, cache_
     broken = tmp_path / "broken"
     (broken / "core").mkdir(parents=True)
     (broken / "core" / "bad.cc").write_text("this is not C++;\n")
-    with pytest.raises(_build.BuildError) as caught:
-        _build.ensure_built(source_dir=broken)
+    with pytest.raises(toolchain.BuildError) as caught:
+        build.ensure_built(source_dir=broken)
     message = str(caught.value)
     assert "bad.cc" in message and "error" in message
     ops_dir = cache_dir / "ops"
     assert not list(ops_dir.glob("*/*.so"))
     assert not list(ops_dir.glob(".tmp-*"))
-    assert not _build.last_build_performed
+    assert not build.last_build_performed
 
 
 def test_missing_mpi_header_is_a_clear_error(tiny_tree: Path, cache_dir: Path, monkeypatch):
-    monkeypatch.setattr(_build, "_find_mpi_include", lambda *args: (None, [Path("/nowhere/include")]))
-    with pytest.raises(_build.BuildError, match="mpi.h not found") as caught:
-        _build.ensure_built(source_dir=tiny_tree)
+    monkeypatch.setattr(toolchain, "_find_mpi_include", lambda *args: (None, [Path("/nowhere/include")]))
+    with pytest.raises(toolchain.BuildError, match="mpi.h not found") as caught:
+        build.ensure_built(source_dir=tiny_tree)
     assert "/nowhere/include" in str(caught.value) and "pip install mpich" in str(caught.value)
 
 
@@ -342,12 +343,13 @@ def test_wheel_carries_op_sources(tmp_path: Path):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         archive.extractall(unpacked)
-    for source in _build.source_files(REPO_ROOT / "ops"):
+    for source in toolchain.source_files(REPO_ROOT / "ops"):
         relative = source.relative_to(REPO_ROOT / "ops").as_posix()
         assert f"hvdkeras/_ops_src/{relative}" in names
-    installed = _load_module_from(unpacked / "hvdkeras" / "_build.py", "hvdkeras_wheel_build")
+    installed = _load_module_from(unpacked / "hvdkeras" / "engine" / "toolchain.py",
+                                  "hvdkeras_wheel_toolchain")
     assert installed.ops_source_dir() == unpacked / "hvdkeras" / "_ops_src"
-    assert _build.source_hash(installed.ops_source_dir()) == _build.source_hash(REPO_ROOT / "ops")
+    assert toolchain.source_hash(installed.ops_source_dir()) == toolchain.source_hash(REPO_ROOT / "ops")
 
 
 # --------------------------------------------------------------------------
@@ -359,25 +361,25 @@ def test_wheel_carries_op_sources(tmp_path: Path):
 def test_build_reuses_cache_and_rebuilds_on_source_change(tiny_tree: Path, cache_dir: Path):
     import tensorflow as tf
 
-    library = _build.ensure_built(source_dir=tiny_tree)
-    assert _build.last_build_performed
+    library = build.ensure_built(source_dir=tiny_tree)
+    assert build.last_build_performed
     assert library.is_file() and library.parent.parent == cache_dir / "ops"
-    info = _build.read_build_info(library)
+    info = toolchain.read_build_info(library)
     assert info["device"] == "CPU" and info["cuda"] is False and info["nccl"] is False
-    assert info["source_hash"] == _build.source_hash(tiny_tree)
+    assert info["source_hash"] == toolchain.source_hash(tiny_tree)
 
     module = tf.load_op_library(str(library))
     assert module.hvdkeras_tiny_copy(tf.constant([1.0, 2.0])).numpy().tolist() == [1.0, 2.0]
     # 1 only if the library resolved MPI_Initialized in the libmpi mpi4py initialised.
     assert int(module.hvdkeras_tiny_mpi_initialized()) == 1
 
-    assert _build.ensure_built(source_dir=tiny_tree) == library
-    assert not _build.last_build_performed
+    assert build.ensure_built(source_dir=tiny_tree) == library
+    assert not build.last_build_performed
 
     source = tiny_tree / "core" / "tiny.cc"
     source.write_text(source.read_text() + "// touched\n")
-    rebuilt = _build.ensure_built(source_dir=tiny_tree)
-    assert _build.last_build_performed
+    rebuilt = build.ensure_built(source_dir=tiny_tree)
+    assert build.last_build_performed
     assert rebuilt != library and rebuilt.is_file()
     assert not list((cache_dir / "ops").glob(".tmp-*")), "temporary build dirs left behind"
 
@@ -387,11 +389,11 @@ def test_build_reuses_cache_and_rebuilds_on_source_change(tiny_tree: Path, cache
 RANK_SCRIPT = """
 import json, pathlib, sys
 from mpi4py import MPI
-from hvdkeras import _build
-path = _build.ensure_built(source_dir=sys.argv[1])
+from hvdkeras.engine import build
+path = build.ensure_built(source_dir=sys.argv[1])
 rank = MPI.COMM_WORLD.Get_rank()
 pathlib.Path(sys.argv[2], f"result_{rank}.json").write_text(json.dumps(
-    {"rank": rank, "built": _build.last_build_performed, "path": str(path)}))
+    {"rank": rank, "built": build.last_build_performed, "path": str(path)}))
 """
 
 

@@ -31,12 +31,8 @@ JOB_TIMEOUTS_S = {"test_stress.py": 420}
 STALL_SHUTDOWN_S = 30
 
 
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    """Builds the op library once, up front, so no MPI job spends its time compiling."""
-    from hvdkeras import _build
 
-    _build.ensure_built()
+pytestmark = pytest.mark.usefixtures("op_library_built")
 
 
 def test_parallel_files_found():

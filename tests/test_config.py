@@ -1,4 +1,4 @@
-"""Unit tests of hvdkeras.config: parsing and validating the HVDKERAS_* knobs.
+"""Unit tests of hvdkeras.engine.config: parsing and validating the HVDKERAS_* knobs.
 
 Pure Python: no MPI job and no engine; `engine_config_from_env` is given
 explicit mappings (and, once, the real environment through monkeypatch).
@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from hvdkeras import config
-from hvdkeras.config import EngineConfig, engine_config_from_env
+from hvdkeras.engine import config
+from hvdkeras.engine.config import EngineConfig, engine_config_from_env
 
 FUSION = config.FUSION_THRESHOLD
 CYCLE = config.CYCLE_TIME

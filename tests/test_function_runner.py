@@ -16,12 +16,8 @@ from hvdkeras import RankFailedError
 JOB_TIMEOUT = 240
 
 
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    """Builds the op library once, up front, so no job spends its time compiling."""
-    from hvdkeras import _build
 
-    _build.ensure_built()
+pytestmark = pytest.mark.usefixtures("op_library_built")
 
 
 @pytest.mark.slow

@@ -12,10 +12,11 @@ import pytest
 import tensorflow as tf
 
 import hvdkeras as hvd
-from hvdkeras import checkpoint_files as cf
-from hvdkeras import lr_math
-from hvdkeras.checkpointing import is_complete_archive, save_model_atomic
-from hvdkeras.gradient_reduction import ReductionSettings, plan_groups, scale_factors
+from hvdkeras.training import checkpoint_naming as cf
+from hvdkeras.training import lr_formulas as lr_math
+from hvdkeras.training.checkpoint_restore import is_complete_archive
+from hvdkeras.training.checkpoint_writing import save_model_atomic
+from hvdkeras.training.gradient_reduction import ReductionSettings, plan_groups, scale_factors
 
 
 # --- learning-rate formulas ---------------------------------------------------
@@ -227,7 +228,7 @@ def test_distributed_gradient_tape_arguments_are_checked():
 
 
 def test_learning_rate_schedules_cannot_be_set_by_callbacks():
-    from hvdkeras import lr_access
+    from hvdkeras.training import lr_variable as lr_access
 
     decay = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
     with pytest.raises(TypeError, match="ExponentialDecay.*WarmupSchedule"):

@@ -33,12 +33,8 @@ TIMEOUT = 240
 FAIL_FAST_LIMIT_S = 30.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    """Builds the op library once, up front, so no job spends its time compiling."""
-    from hvdkeras import _build
 
-    _build.ensure_built()
+pytestmark = pytest.mark.usefixtures("op_library_built")
 
 
 def _env(**extra):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hvdkeras.recipes import data as recipe_data
-from hvdkeras.recipes import schema
+from hvdkeras.recipes import data_files, validation
 from hvdkeras.recipes.yaml_source import apply_overrides, parse_text
 
 BASE = """\
@@ -30,7 +30,7 @@ def _recipe(tmp_path, data_lines: str = "", overrides=()):
     text = BASE + textwrap.indent(textwrap.dedent(data_lines), "  ")
     doc = parse_text(text, "r.yaml")
     apply_overrides(doc, overrides)
-    recipe, issues = schema.validate(doc, recipe_path=str(tmp_path / "r.yaml"), cwd=str(tmp_path))
+    recipe, issues = validation.validate(doc, recipe_path=str(tmp_path / "r.yaml"), cwd=str(tmp_path))
     assert issues == [], [str(i) for i in issues]
     return recipe
 
@@ -46,15 +46,15 @@ def _all(dataset, batches=None):
 
 
 def test_validation_mask_is_exact_and_spread():
-    mask = recipe_data.validation_mask(1797, 0.2)
+    mask = data_files.validation_mask(1797, 0.2)
     assert mask.sum() == 359
-    assert recipe_data.validation_mask(10, 0.3).tolist() == [
+    assert data_files.validation_mask(10, 0.3).tolist() == [
         False, False, False, True, False, False, True, False, False, True]
     assert max(np.diff(np.flatnonzero(mask))) <= 5
 
 
 def test_digits_file():
-    x, y = recipe_data.load_digits()
+    x, y = data_files.load_digits()
     assert x.shape == (1797, 64) and y.shape == (1797,)
     assert x.min() == 0 and x.max() == 16
     assert sorted(set(y.tolist())) == list(range(10))
@@ -184,12 +184,12 @@ def test_csv_column_errors(tmp_path):
         path: digits_header.csv
         label: digit
     """)
-    with pytest.raises(recipe_data.DataError, match=r"data.label: no column named 'digit'"):
+    with pytest.raises(data_files.DataError, match=r"data.label: no column named 'digit'"):
         recipe_data.build_data(recipe, 0, 1)
 
 
 def test_compression_detection():
-    assert recipe_data.compression_for("auto", ["a.csv.gz"]) == "GZIP"
-    assert recipe_data.compression_for("auto", ["a.csv"]) == ""
-    assert recipe_data.compression_for("zlib", ["a.csv"]) == "ZLIB"
-    assert recipe_data.shard_size(1438, 1, 2) == 719
+    assert data_files.compression_for("auto", ["a.csv.gz"]) == "GZIP"
+    assert data_files.compression_for("auto", ["a.csv"]) == ""
+    assert data_files.compression_for("zlib", ["a.csv"]) == "ZLIB"
+    assert data_files.shard_size(1438, 1, 2) == 719

@@ -21,25 +21,19 @@ import pytest
 
 from hvdkeras.recipes.resolve import tensorflow_io_problem
 
-pytestmark = pytest.mark.skipif(tensorflow_io_problem() is not None,
-                                reason=str(tensorflow_io_problem()))
+pytestmark = [pytest.mark.usefixtures("op_library_built"),
+              pytest.mark.skipif(tensorflow_io_problem() is not None,
+                                 reason=str(tensorflow_io_problem()))]
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    from hvdkeras import _build
-
-    _build.ensure_built()
 
 
 def test_op_library_is_built_for_the_installed_tensorflow():
     import tensorflow as tf
 
-    from hvdkeras import _build
+    from hvdkeras.engine import build, toolchain
 
-    info = _build.read_build_info(_build.ensure_built())
+    info = toolchain.read_build_info(build.ensure_built())
     assert info.get("tf_version") == tf.__version__
     assert tf.__version__.startswith(("2.16.", "2.17."))
 
@@ -47,7 +41,7 @@ def test_op_library_is_built_for_the_installed_tensorflow():
 def _write_parquet_shards(directory: Path, parts: int = 3) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from hvdkeras.recipes.data import load_digits
+    from hvdkeras.recipes.data_files import load_digits
 
     x, y = load_digits()
     bounds = np.linspace(0, len(y), parts + 1).astype(int)
@@ -61,7 +55,7 @@ def _write_parquet_shards(directory: Path, parts: int = 3) -> None:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_parquet_files_yield_the_bundled_examples(tmp_path, rank):
     from hvdkeras.recipes import data as recipe_data
-    from hvdkeras.recipes import schema
+    from hvdkeras.recipes import validation
     from hvdkeras.recipes.yaml_source import parse_text
 
     _write_parquet_shards(tmp_path)
@@ -70,7 +64,7 @@ def test_parquet_files_yield_the_bundled_examples(tmp_path, rank):
         doc = parse_text("version: 1\nmodel: {name: 'hvdkeras.recipes.models:mlp'}\n"
                          "data:\n  batch_size: 8\n  shuffle: false\n  validation: {split: 0.2}\n"
                          + data_text, "r.yaml")
-        recipe, issues = schema.validate(doc, recipe_path=str(tmp_path / "r.yaml"))
+        recipe, issues = validation.validate(doc, recipe_path=str(tmp_path / "r.yaml"))
         assert issues == []
         return recipe_data.build_data(recipe, rank, 2)
 

@@ -21,19 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from recipe_helpers import train
+from recipe_helpers import learning_rate_at, train
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
 TIMEOUT = 600
 
 
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    """Builds the op library once, up front, so no MPI job spends its time compiling."""
-    from hvdkeras import _build
 
-    _build.ensure_built()
+pytestmark = pytest.mark.usefixtures("op_library_built")
 
 
 @pytest.mark.slow
@@ -84,11 +80,11 @@ def test_tabular_mlp_short_with_overrides_and_engine_knobs(tmp_path):
 
 
 def _expected_rates(overrides, size, steps_per_epoch, epochs):
-    from hvdkeras.recipes import load_recipe, schema
+    from hvdkeras.recipes import load_recipe, lr_plan
 
     recipe, _ = load_recipe(str(RECIPES / "warmup_cosine.yaml"), overrides, environment=False)
-    plan = schema.schedule_plan(recipe, size, steps_per_epoch, epochs * steps_per_epoch)
-    return [schema.learning_rate_at(plan, (e + 1) * steps_per_epoch, size) for e in range(epochs)]
+    plan = lr_plan.schedule_plan(recipe, size, steps_per_epoch, epochs * steps_per_epoch)
+    return [learning_rate_at(plan, (e + 1) * steps_per_epoch, size) for e in range(epochs)]
 
 
 @pytest.mark.slow

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from hvdkeras import cli
-from hvdkeras.recipes import RecipeError, bundled_recipes, load_recipe, schema
+from hvdkeras.recipes import (RecipeError, bundled_recipes, launching, load_recipe, lr_plan,
+                              schema_data, validation)
 from hvdkeras.recipes.spec import Issue
 from hvdkeras.recipes.yaml_source import SourceError, apply_overrides, parse_text
+from recipe_helpers import learning_rate_at
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,7 +49,7 @@ def _doc(text: str):
 def _validate(text: str, overrides=()):
     doc = _doc(text)
     apply_overrides(doc, overrides)
-    return schema.validate(doc, recipe_path="/somewhere/r.yaml", cwd="/work")
+    return validation.validate(doc, recipe_path="/somewhere/r.yaml", cwd="/work")
 
 
 class Launches:
@@ -364,7 +366,7 @@ def test_input_paths_are_relative_to_the_recipe_and_bundled_placeholder():
     recipe, issues = _validate(text)
     assert issues == []
     assert recipe["data"]["path"] == ["/somewhere/rows.csv",
-                                      str(schema.BUNDLED_DATA_DIR / "digits.csv.gz")]
+                                      str(schema_data.BUNDLED_DATA_DIR / "digits.csv.gz")]
     assert recipe["data"]["compression"] == "auto" and recipe["data"]["header"] is True
 
 
@@ -468,7 +470,7 @@ def test_recipes_and_validate_commands(capsys):
 
 def test_application_and_optimizer_names_come_from_keras():
     from hvdkeras.recipes.models import application_names
-    from hvdkeras.recipes.training import optimizer_classes
+    from hvdkeras.recipes.keras_objects import optimizer_classes
 
     assert {"ResNet50", "MobileNetV2", "EfficientNetB0"} <= set(application_names())
     assert {"adam", "sgd", "adamw", "rmsprop"} <= set(optimizer_classes())
@@ -494,7 +496,7 @@ SCHEDULES = [
 @pytest.mark.parametrize("warmup", [None, {"epochs": 2}, {"steps": 5}])
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s["name"] if s else "none")
 def test_warmup_and_schedule_learning_rates(warmup, schedule):
-    from hvdkeras.recipes.training import make_learning_rate
+    from hvdkeras.recipes.keras_objects import make_learning_rate
 
     import yaml
 
@@ -512,7 +514,7 @@ def test_warmup_and_schedule_learning_rates(warmup, schedule):
     if warmup:
         assert plan["warmup_steps"] == (20 if "epochs" in warmup else 5)
     for step in range(0, 61):
-        expected = schema.learning_rate_at(plan, step, size)
+        expected = learning_rate_at(plan, step, size)
         got = float(learning_rate(step)) if callable(learning_rate) else float(learning_rate)
         assert got == pytest.approx(expected, rel=1e-5), f"step {step}"
 
@@ -521,56 +523,48 @@ def test_learning_rate_reference_values():
     """Hand-computed points: warmup from base/size, then cosine down to alpha."""
     recipe, _ = _validate(GOOD, ["optimizer.warmup={steps: 10}",
                                  "optimizer.schedule={name: cosine, alpha: 0.0}"])
-    plan = schema.schedule_plan(recipe, size=2, steps_per_epoch=10, total_batches=30)
+    plan = lr_plan.schedule_plan(recipe, size=2, steps_per_epoch=10, total_batches=30)
     base = 2e-3
     assert plan["decay_steps"] == 20
-    assert schema.learning_rate_at(plan, 0, 2) == pytest.approx(base / 2)
-    assert schema.learning_rate_at(plan, 5, 2) == pytest.approx(base * 0.75)
-    assert schema.learning_rate_at(plan, 10, 2) == pytest.approx(base)
-    assert schema.learning_rate_at(plan, 20, 2) == pytest.approx(base / 2)
-    assert schema.learning_rate_at(plan, 30, 2) == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate_at(plan, 0, 2) == pytest.approx(base / 2)
+    assert learning_rate_at(plan, 5, 2) == pytest.approx(base * 0.75)
+    assert learning_rate_at(plan, 10, 2) == pytest.approx(base)
+    assert learning_rate_at(plan, 20, 2) == pytest.approx(base / 2)
+    assert learning_rate_at(plan, 30, 2) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_backward_passes_count_updates_not_batches():
     recipe, _ = _validate(GOOD, ["optimizer.backward_passes_per_step=2",
                                  "optimizer.warmup={epochs: 1}"])
-    plan = schema.schedule_plan(recipe, size=2, steps_per_epoch=10, total_batches=40)
+    plan = lr_plan.schedule_plan(recipe, size=2, steps_per_epoch=10, total_batches=40)
     assert plan["warmup_steps"] == 5 and plan["total_updates"] == 20
 
 
 def test_engine_env_mapping():
     recipe, _ = _validate(GOOD + "engine: {fusion_threshold: 32MiB, cycle_time_ms: 3, "
                                  "timeline: tl.json, autotune: false}\n")
-    assert schema.engine_env(recipe) == {
+    assert launching.engine_env(recipe) == {
         "HVDKERAS_FUSION_THRESHOLD": str(32 << 20), "HVDKERAS_CYCLE_TIME": "3.0",
         "HVDKERAS_TIMELINE": "/work/tl.json", "HVDKERAS_AUTOTUNE": "0"}
     recipe, _ = _validate(GOOD)
-    assert schema.engine_env(recipe) == {}
-
-
-def test_launcher_in_use_is_reported():
-    from hvdkeras.recipes.launching import launcher_in_use
-
-    assert launcher_in_use() in ("hvdkeras.runner.launch", "mpiexec (fallback)")
+    assert launching.engine_env(recipe) == {}
 
 
 def test_math_reference_handles_all_schedules():
     # A sanity check of the pure reference itself (cosine is symmetric around the middle).
     recipe, _ = _validate(GOOD, ["optimizer.schedule={name: cosine}"])
-    plan = schema.schedule_plan(recipe, size=1, steps_per_epoch=10, total_batches=10)
-    assert schema.learning_rate_at(plan, 5, 1) == pytest.approx(1e-3 * 0.5)
-    assert math.isclose(schema.learning_rate_at(plan, 0, 1), 1e-3)
+    plan = lr_plan.schedule_plan(recipe, size=1, steps_per_epoch=10, total_batches=10)
+    assert learning_rate_at(plan, 5, 1) == pytest.approx(1e-3 * 0.5)
+    assert math.isclose(learning_rate_at(plan, 0, 1), 1e-3)
 
 
-def test_mpiexec_fallback_launches_ranks(tmp_path):
-    """The fallback used while hvdkeras.runner is absent: <venv>/bin/mpiexec -n N."""
-    from hvdkeras.recipes.launching import _launch_with_mpiexec
-
+def test_launch_ranks_starts_the_ranks_with_the_engine_variables(tmp_path):
+    """Recipe ranks go through the project's launcher (hvdkeras.runner.launch)."""
     script = ("import os, pathlib; pathlib.Path(os.environ['OUT'], os.environ['PMI_RANK'])"
               ".write_text(os.environ['HVDKERAS_CYCLE_TIME'] + ' ' + "
               "os.environ['HVDKERAS_EXPECTED_SIZE'])")
-    code = _launch_with_mpiexec([sys.executable, "-c", script], 2,
-                                env={"OUT": str(tmp_path), "HVDKERAS_CYCLE_TIME": "3.0"})
+    code = launching.launch_ranks([sys.executable, "-c", script], 2,
+                                  env={"OUT": str(tmp_path), "HVDKERAS_CYCLE_TIME": "3.0"})
     assert code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1"]
     assert (tmp_path / "1").read_text() == "3.0 2"

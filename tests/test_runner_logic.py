@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from hvdkeras.runner import hosts, knobs, launch as launch_mod, mpi_env, rank_shim, restart, service
+from hvdkeras.runner import failures, hosts, knobs, launch as launch_mod, mpi_env, rank_shim, restart, service
 from hvdkeras.runner.hosts import HostSlots
 from hvdkeras.spark.connect import chain_steps
 
@@ -93,7 +93,7 @@ def test_knob_env_maps_every_flag(tmp_path):
     assert knobs.knob_env(knobs.Knobs()) == {}
     assert knobs.knob_env(knobs.Knobs(no_stall_check=True)) == {"HVDKERAS_STALL_CHECK_DISABLE": "1"}
     # What the engine would read from that environment:
-    from hvdkeras.config import engine_config_from_env
+    from hvdkeras.engine.config import engine_config_from_env
 
     config = engine_config_from_env(knobs.knob_env(knobs.Knobs(fusion_threshold_mb=2, cycle_time_ms=7)))
     assert (config.fusion_threshold, config.cycle_time_ms) == (2 * 1024 * 1024, 7.0)
@@ -219,16 +219,16 @@ def test_failure_report_names_the_first_rank():
         {"rank": "1", "exit_code": 3, "signal": None, "host": "n1", "time": 1.0, "last_lines": ["[1]<stdout>: bye"]},
         {"rank": "0", "exit_code": 1, "signal": None, "host": "n0", "time": 2.0, "last_lines": []},
     ]
-    message, code = launch_mod.failure_report(records, 9, {})
+    message, code = failures.failure_report(records, 9, {})
     assert code == 3
     assert message.startswith("rank 1 on n1 exited with code 3 (then rank 0 failed too)")
     assert "last lines of rank 1:\n    [1]<stdout>: bye" in message
-    message, code = launch_mod.failure_report(
+    message, code = failures.failure_report(
         [{"rank": "0", "exit_code": None, "signal": "SIGKILL", "time": 1.0, "last_lines": []}], 9,
         {"0": ["[0]<stdout>: from the launcher's copy"]})
     assert (code, message.splitlines()[0]) == (137, "rank 0 was killed by signal SIGKILL")
     assert "from the launcher's copy" in message
-    message, code = launch_mod.failure_report([], 255, {"mpiexec": ["ssh: connect refused"]})
+    message, code = failures.failure_report([], 255, {"mpiexec": ["ssh: connect refused"]})
     assert code == 255 and "no rank reported" in message and "ssh: connect refused" in message
 
 
@@ -239,10 +239,10 @@ def test_a_rank_that_only_saw_the_shutdown_is_not_blamed():
          "last_lines": ["[0]<stderr>: FailedPreconditionError: hvdkeras has been shut down, so collective 'x' cannot run."]},
         {"rank": "1", "exit_code": 4, "signal": None, "time": 2.0, "last_lines": ["[1]<stdout>: failing on purpose"]},
     ]
-    message, code = launch_mod.failure_report(records, 4, {})
+    message, code = failures.failure_report(records, 4, {})
     assert code == 4 and message.startswith("rank 1 exited with code 4 (then rank 0 failed too)")
-    assert launch_mod.is_casualty("hvdkeras was shut down (a rank called hvdkeras.shutdown() or exited)")
-    assert not launch_mod.is_casualty("ValueError: boom")
+    assert failures.is_casualty("hvdkeras was shut down (a rank called hvdkeras.shutdown() or exited)")
+    assert not failures.is_casualty("ValueError: boom")
 
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -24,11 +24,8 @@ def _pyspark():
 
 
 @pytest.fixture(scope="module")
-def spark():
+def spark(op_library_built):
     _pyspark()
-    from hvdkeras import _build
-
-    _build.ensure_built()  # ranks must not spend the test compiling the op library
     saved = {k: os.environ.get(k) for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "TF_CPP_MIN_LOG_LEVEL")}
     os.environ.update({"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
                        "TF_CPP_MIN_LOG_LEVEL": "2"})

@@ -32,14 +32,9 @@ CHECK_S = 2.0
 SHUTDOWN_S = 4.0
 SLACK_S = 2.5  # scheduling slack on a loaded 2-core machine running 3 ranks
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
+pytestmark = [pytest.mark.usefixtures("op_library_built"),
+              pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    from hvdkeras import _build
-
-    _build.ensure_built()
 
 
 def run_job(mode: str, tmp_path: Path, env: dict) -> tuple[list[dict], dict, float]:

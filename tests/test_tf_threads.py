@@ -1,11 +1,11 @@
-"""The thread-sharing policy of `hvdkeras.tf_threads`, without MPI or TensorFlow."""
+"""The thread-sharing policy of `hvdkeras.engine.tf_threads`, without MPI or TensorFlow."""
 
 from __future__ import annotations
 
 import pytest
 
-from hvdkeras import tf_threads
-from hvdkeras.tf_threads import (AUTO, OFF, TF_THREADS, parse_setting, sharing_ranks,
+from hvdkeras.engine import tf_threads
+from hvdkeras.engine.tf_threads import (AUTO, OFF, TF_THREADS, parse_setting, sharing_ranks,
                                  threads_per_rank)
 
 

@@ -19,14 +19,9 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "tf_threads_job.py"
 JOB_TIMEOUT_S = 240
 CPUS = len(os.sched_getaffinity(0))
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
+pytestmark = [pytest.mark.usefixtures("op_library_built"),
+              pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    from hvdkeras import _build
-
-    _build.ensure_built()
 
 
 def run_job(np: int, args: list[str] = (), env: dict | None = None,

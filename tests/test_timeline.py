@@ -31,14 +31,9 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "timeline_job.py"
 JOB_TIMEOUT_S = 240
 STEPS = 3
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 120)]
+pytestmark = [pytest.mark.usefixtures("op_library_built"),
+              pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 120)]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def op_library_built():
-    from hvdkeras import _build
-
-    _build.ensure_built()
 
 
 # ---------------------------------------------------------------- parsing

@@ -1,7 +1,11 @@
 """Keras callbacks for distributed training (names as in Horovod).
 
 Recommended order (see `standard_callbacks`): broadcast, metric average,
-learning-rate callbacks, your own callbacks, checkpoint.
+learning-rate callbacks, your own callbacks, checkpoint. Every hvdkeras
+callback prepares the model when Keras hands it over (`_prepare`).
+
+What may import it: the recipes' training code and the top-level package.
+It imports `hvdkeras.training`, `hvdkeras.collectives` and `hvdkeras.engine`.
 """
 
 from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback

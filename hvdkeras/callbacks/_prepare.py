@@ -10,8 +10,9 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from hvdkeras import _guards
-from hvdkeras.output import print_rank0
+from hvdkeras import compat
+from hvdkeras.training.optimizer import check_model_optimizer_nesting
+from hvdkeras.training.output import print_rank0
 
 _noticed: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
@@ -34,7 +35,7 @@ def turn_off_xla_for_training(model: Any) -> bool:
     if not enabled:
         return False
     model.jit_compile = False
-    model.train_function = None
+    compat.reset_train_function(model)
     if model not in _noticed:
         _noticed.add(model)
         print_rank0(
@@ -49,4 +50,4 @@ def prepare_model(model: Any) -> None:
     if model is None:
         return
     turn_off_xla_for_training(model)
-    _guards.check_model_optimizer_nesting(model)
+    check_model_optimizer_nesting(model)  # See Note [distributed wrapper outside loss scaling].

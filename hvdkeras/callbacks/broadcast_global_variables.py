@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.model_sync import broadcast_model
+from hvdkeras.training.model_sync import broadcast_model
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

@@ -8,9 +8,10 @@ from typing import Optional
 
 import keras
 
-from hvdkeras import basics, checkpoint_files
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.checkpointing import save_model_atomic, write_json_atomic
+from hvdkeras.engine import world
+from hvdkeras.training import checkpoint_naming
+from hvdkeras.training.checkpoint_writing import save_model_atomic, write_json_atomic
 
 
 class CheckpointCallback(keras.callbacks.Callback):
@@ -56,7 +57,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.keep_last = keep_last
         self.save_best_only = save_best_only
         self.monitor = monitor
-        self.mode = checkpoint_files.resolve_mode(mode, monitor)
+        self.mode = checkpoint_naming.resolve_mode(mode, monitor)
         self.verbose = verbose
         self.best: Optional[float] = None
         self._warned_missing = False
@@ -67,14 +68,14 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     @property
     def _state_path(self) -> str:
-        return os.path.join(self.directory, checkpoint_files.STATE_FILE)
+        return os.path.join(self.directory, checkpoint_naming.STATE_FILE)
 
     def on_train_begin(self, logs=None) -> None:
-        if basics.rank() != 0:
+        if world.rank() != 0:
             return
         os.makedirs(self.directory, exist_ok=True)
         for name in os.listdir(self.directory):
-            if checkpoint_files.is_temporary(name):
+            if checkpoint_naming.is_temporary(name):
                 os.remove(os.path.join(self.directory, name))
         if self.save_best_only and os.path.exists(self._state_path):
             with open(self._state_path) as f:
@@ -83,7 +84,7 @@ class CheckpointCallback(keras.callbacks.Callback):
                 self.best = state.get("best")
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        if basics.rank() != 0:
+        if world.rank() != 0:
             return
         logs = logs or {}
         if self.save_best_only:
@@ -94,15 +95,15 @@ class CheckpointCallback(keras.callbacks.Callback):
                     print(f"hvdkeras: CheckpointCallback cannot find {self.monitor!r} in the epoch "
                           f"logs ({sorted(logs)}); nothing is saved.", flush=True)
                 return
-            if not checkpoint_files.improved(float(value), self.best, self.mode):
+            if not checkpoint_naming.improved(float(value), self.best, self.mode):
                 return
             self.best = float(value)
-        path = os.path.join(self.directory, checkpoint_files.checkpoint_name(epoch + 1))
+        path = os.path.join(self.directory, checkpoint_naming.checkpoint_name(epoch + 1))
         save_model_atomic(self.model, path)
         if self.save_best_only:
             write_json_atomic(self._state_path,
                               {"monitor": self.monitor, "mode": self.mode, "best": self.best})
-        for name in checkpoint_files.files_to_prune(os.listdir(self.directory), self.keep_last):
+        for name in checkpoint_naming.files_to_prune(os.listdir(self.directory), self.keep_last):
             os.remove(os.path.join(self.directory, name))
         if self.verbose:
             print(f"hvdkeras: epoch {epoch + 1}: saved {path}", flush=True)

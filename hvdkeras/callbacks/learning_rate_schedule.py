@@ -6,7 +6,7 @@ from typing import Callable, Optional, Union
 
 import keras
 
-from hvdkeras import lr_access, lr_math
+from hvdkeras.training import lr_formulas, lr_variable
 from hvdkeras.callbacks._prepare import prepare_model
 
 
@@ -74,7 +74,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if callable(multiplier):
             self.multiplier = multiplier
         else:
-            self.multiplier = lr_math.constant_multiplier(float(multiplier), start_epoch)
+            self.multiplier = lr_formulas.constant_multiplier(float(multiplier), start_epoch)
             self.staircase = True
         self._epoch = 0
         self._steps: Optional[int] = None
@@ -97,26 +97,26 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         return steps
 
     def on_train_begin(self, logs=None) -> None:
-        lr_access.check_settable(self.model.optimizer, self._who())
+        lr_variable.check_settable(self.model.optimizer, self._who())
         self._steps = self._resolve_steps_per_epoch()
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch
 
     def _epoch_value(self, batch: int) -> float:
-        return lr_math.fractional_epoch(self._epoch, batch, self._steps)
+        return lr_formulas.fractional_epoch(self._epoch, batch, self._steps)
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
-        if not lr_math.in_epoch_range(self._epoch, self.start_epoch, self.end_epoch):
+        if not lr_formulas.in_epoch_range(self._epoch, self.start_epoch, self.end_epoch):
             return
         if self.staircase:
             if batch == 0:
-                lr_access.set_learning_rate(self.model.optimizer,
+                lr_variable.set_learning_rate(self.model.optimizer,
                                             self.initial_lr * self.multiplier(self._epoch))
             return
-        lr_access.set_learning_rate(self.model.optimizer,
+        lr_variable.set_learning_rate(self.model.optimizer,
                                     self.initial_lr * self.multiplier(self._epoch_value(batch)))
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if logs is not None:
-            logs["learning_rate"] = lr_access.get_learning_rate(self.model.optimizer)
+            logs["learning_rate"] = lr_variable.get_learning_rate(self.model.optimizer)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hvdkeras import basics, lr_access, lr_math
+from hvdkeras.engine import world
 from hvdkeras.callbacks.learning_rate_schedule import (LearningRateScheduleCallback,
                                                         check_no_momentum_correction)
-from hvdkeras.output import print_rank0
+from hvdkeras.training import lr_formulas, lr_variable
+from hvdkeras.training.output import print_rank0
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -58,13 +59,13 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self.verbose = verbose
 
     def _ramp(self, epoch: float) -> float:
-        return lr_math.warmup_multiplier(epoch, self.warmup_epochs, basics.size())
+        return lr_formulas.warmup_multiplier(epoch, self.warmup_epochs, world.size())
 
     def _epoch_value(self, batch: int) -> float:
-        return lr_math.warmup_epoch_at_batch(self._epoch, batch, self._steps)
+        return lr_formulas.warmup_epoch_at_batch(self._epoch, batch, self._steps)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         super().on_epoch_end(epoch, logs)
         if epoch == self.warmup_epochs - 1 and self.verbose:
-            rate = lr_access.get_learning_rate(self.model.optimizer)
+            rate = lr_variable.get_learning_rate(self.model.optimizer)
             print_rank0(f"epoch {epoch + 1}: finished gradual learning rate warmup to {rate:.6g}.")

@@ -9,9 +9,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdkeras import basics
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.collectives import Average, Max, allreduce
+from hvdkeras.collectives.reduction import allreduce
+from hvdkeras.engine import world
+from hvdkeras.engine.types import Average, Max
 
 
 def _numeric_keys(logs: Dict) -> List[str]:
@@ -46,7 +47,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         prepare_model(model)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        if logs is None or basics.size() == 1:
+        if logs is None or world.size() == 1:
             return
         keys = _numeric_keys(logs)
         self._check_same_keys(keys)
@@ -65,6 +66,6 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if spread[0] != -spread[1]:
             raise ValueError(
                 "MetricAverageCallback: the ranks logged different metrics at epoch end "
-                f"(this rank, {basics.rank()}: {keys}). Every rank must compile the same metrics "
+                f"(this rank, {world.rank()}: {keys}). Every rank must compile the same metrics "
                 "and run the same validation, or the averages would mix different quantities."
             )

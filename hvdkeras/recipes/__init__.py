@@ -8,6 +8,21 @@
 see `hvdkeras.recipes.schema`) and raises `RecipeError` listing every problem
 as `file:line: field.path: what is wrong`. The training itself runs on every
 rank through `python -m hvdkeras.recipes.run RECIPE`.
+
+The modules, from the YAML up:
+* `yaml_source` (parsing with line numbers, `--set` overrides), `spec` (a
+  small declarative validator), `schema`, `schema_data`, `schema_optimizer`
+  (the fields), `validation` (a whole recipe, with defaults) and `paths`:
+  pure Python, no TensorFlow.
+* `resolve`: checks against the installed Keras and files, before launch.
+* `launching`: the ranks' command and engine variables, and the launch.
+* On each rank: `run` (entry point) -> `training` (the run), with `data`
+  and `data_files` (input pipelines), `models`, `keras_objects`
+  (optimizers, losses, metrics, learning rate from `lr_plan`),
+  `run_callbacks` and `summary`.
+
+What may import it: the CLI and the top-level package. Importing it imports
+no TensorFlow; `load_recipe(environment=True)` imports Keras for `resolve`.
 """
 
 from __future__ import annotations
@@ -15,8 +30,9 @@ from __future__ import annotations
 from pathlib import Path as _FsPath
 from typing import Dict, Optional, Sequence, Tuple
 
-from hvdkeras.recipes.schema import SCHEMA_VERSION, RecipeError, engine_env, format_issues
+from hvdkeras.recipes.schema import SCHEMA_VERSION
 from hvdkeras.recipes.spec import Issue
+from hvdkeras.recipes.validation import RecipeError, format_issues, validate
 from hvdkeras.recipes.yaml_source import Document, SourceError, apply_overrides, load_file
 
 BUNDLED_DIR = _FsPath(__file__).resolve().parent / "bundled"
@@ -56,17 +72,15 @@ def load_recipe(path: str, overrides: Sequence[str] = (), environment: bool = Tr
     Raises:
         RecipeError: with every problem found.
     """
-    from hvdkeras.recipes import schema
-
     path = find_recipe(path)
     try:
         doc = load_file(path)
         apply_overrides(doc, overrides)
     except SourceError as error:
         raise RecipeError([Issue(error.location, (), error.message)]) from None
-    recipe, issues = schema.validate(doc, recipe_path=path, cwd=cwd)
+    recipe, issues = validate(doc, recipe_path=path, cwd=cwd)
     if not issues and environment:
-        from hvdkeras.recipes.resolve import resolve
+        from hvdkeras.recipes.resolve import resolve  # lazy: imports Keras, see above
 
         issues = resolve(recipe, doc)
     if issues:
@@ -75,4 +89,4 @@ def load_recipe(path: str, overrides: Sequence[str] = (), environment: bool = Tr
 
 
 __all__ = ["BUNDLED_DIR", "Document", "Issue", "RecipeError", "SCHEMA_VERSION",
-           "bundled_recipes", "engine_env", "find_recipe", "format_issues", "load_recipe"]
+           "bundled_recipes", "find_recipe", "format_issues", "load_recipe"]

@@ -11,35 +11,24 @@ steps and the gradient collectives line up.
 
 The bundled digits (`hvdkeras/data/digits.csv.gz`) are the 1,797 8x8 images of
 the UCI handwritten digits test set, pixels 0..16 scaled to [0, 1].
+
+What may import this module: the recipes' training code (it imports
+TensorFlow).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
-import gzip
-import os
-import zlib
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 
-from hvdkeras.recipes.schema import BUNDLED_DATA_DIR, TF_IO_MESSAGE, data_source_kind
-
-DIGITS_FILE = BUNDLED_DATA_DIR / "digits.csv.gz"
-DIGITS_PARQUET = BUNDLED_DATA_DIR / "digits.parquet"
-
-
-class DataError(Exception):
-    """The data could not be read as the recipe describes (message says why).
-
-    `field` names the data key at fault ("label", "columns", ...) when known.
-    """
-
-    def __init__(self, message: str, field: Optional[str] = None) -> None:
-        super().__init__(f"data.{field}: {message}" if field else message)
-        self.field = field
-        self.message = message
+from hvdkeras.recipes.data_files import (DataError, compression_for, csv_columns,
+                                         expand_paths, load_digits, read_first_line,
+                                         validation_mask)
+from hvdkeras.recipes.schema_data import TF_IO_MESSAGE, data_source_kind
+from hvdkeras.recipes.user_code import accepted_parameters, import_function
 
 
 @dataclasses.dataclass
@@ -65,109 +54,16 @@ class Data:
 
 
 # --------------------------------------------------------------------------
-# Pure helpers
-# --------------------------------------------------------------------------
-
-
-def load_digits() -> Tuple[np.ndarray, np.ndarray]:
-    """The bundled digits: (pixels float32 of shape (1797, 64) in 0..16, labels int32)."""
-    with gzip.open(DIGITS_FILE, "rt") as f:
-        rows = np.loadtxt(f, delimiter=",", dtype=np.float32)
-    return rows[:, :64].astype(np.float32), rows[:, 64].astype(np.int32)
-
-
-def validation_mask(count: int, fraction: float) -> np.ndarray:
-    """True for the examples held out: index i is when floor((i+1)f) > floor(i f).
-
-    Exactly round-down(count * fraction) examples, spread evenly over the
-    data (a file sorted by class still gives every class its share).
-    """
-    index = np.arange(count, dtype=np.float64)
-    return np.floor((index + 1) * fraction) > np.floor(index * fraction)
-
-
-def shard_size(count: int, rank: int, size: int) -> int:
-    """Examples rank `rank` gets of `count` when each keeps every size-th one."""
-    return len(range(rank, count, size))
-
-
-def expand_paths(patterns: Sequence[str]) -> List[str]:
-    """Globs expanded (sorted, de-duplicated, in pattern order)."""
-    files: List[str] = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else (
-            [pattern] if os.path.exists(pattern) else [])
-        for match in matches:
-            if match not in files:
-                files.append(match)
-    return files
-
-
-def compression_for(setting: Optional[str], files: Sequence[str]) -> str:
-    """tf.data's compression_type: '', 'GZIP' or 'ZLIB' ('auto': by file suffix)."""
-    if setting in (None, "auto"):
-        first = files[0] if files else ""
-        if first.endswith((".gz", ".gzip")):
-            return "GZIP"
-        if first.endswith((".zz", ".zlib")):
-            return "ZLIB"
-        return ""
-    return {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}[setting]
-
-
-def read_first_line(path: str, compression: str) -> str:
-    """The first line of a (possibly compressed) text file."""
-    if compression == "GZIP":
-        with gzip.open(path, "rt") as f:
-            return f.readline()
-    if compression == "ZLIB":
-        with open(path, "rb") as f:
-            data = zlib.decompressobj().decompress(f.read(1 << 20))
-        return data.decode("utf-8", "replace").split("\n", 1)[0]
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.readline()
-
-
-def csv_columns(data: dict, first_line: str) -> Tuple[int, List[int], int, List[str]]:
-    """(number of columns, feature column indices, label index, names) for a CSV."""
-    cells = [c.strip() for c in first_line.rstrip("\r\n").split(",")]
-    count = len(cells)
-    names = cells if data["header"] else [str(i) for i in range(count)]
-
-    def index_of(column: Any, what: str) -> int:
-        if isinstance(column, int):
-            if column >= count:
-                raise DataError(f"column {column} does not exist; the file has "
-                                f"{count} columns (0..{count - 1})", what)
-            return column
-        if column not in names:
-            raise DataError(f"no column named {column!r}; the header has: "
-                            f"{', '.join(names)}", what)
-        return names.index(column)
-
-    label = index_of(data["label"], "label")
-    if data["columns"]:
-        features = [index_of(c, "columns") for c in data["columns"]]
-    else:
-        features = [i for i in range(count) if i != label]
-    return count, features, label, names
-
-
-# --------------------------------------------------------------------------
 # Sources: each returns (train examples, validation examples or None, counts)
 # --------------------------------------------------------------------------
 
 
 def _label_cast(label, num_classes: Optional[int]):
-    import tensorflow as tf
-
     return tf.cast(label, tf.int32 if num_classes else tf.float32)
 
 
 def _features(x, data: dict):
     """Scale and reshape one example's feature vector."""
-    import tensorflow as tf
-
     x = tf.cast(x, tf.float32)
     if data["scale"] is not None:
         x = x * data["scale"]
@@ -178,8 +74,6 @@ def _features(x, data: dict):
 
 def _split(dataset, fraction: Optional[float], keep_validation: bool):
     """The training (or validation) part of `dataset` by `validation_mask`."""
-    import tensorflow as tf
-
     if not fraction:
         return dataset
     f = tf.constant(fraction, tf.float64)
@@ -197,8 +91,6 @@ def _split(dataset, fraction: Optional[float], keep_validation: bool):
 
 
 def _tfrecord_examples(data: dict, files: List[str]):
-    import tensorflow as tf
-
     spec = {}
     for name, feature in data["features"].items():
         dtype = {"float32": tf.float32, "int64": tf.int64, "string": tf.string}[feature["dtype"]]
@@ -220,8 +112,6 @@ def _tfrecord_examples(data: dict, files: List[str]):
 
 
 def _csv_examples(data: dict, files: List[str]):
-    import tensorflow as tf
-
     compression = compression_for(data["compression"], files)
     count, features, label, _ = csv_columns(data, read_first_line(files[0], compression))
     selected = sorted(set(features) | {label})
@@ -240,15 +130,13 @@ def _csv_examples(data: dict, files: List[str]):
 def import_tensorflow_io():
     """tensorflow_io, or DataError with the exact versions it runs on."""
     try:
-        import tensorflow_io as tfio  # noqa: F401
+        import tensorflow_io as tfio  # lazy: an optional extra (hvdkeras[io])
     except Exception as error:  # ImportError, or an undefined symbol on load
         raise DataError(f"{TF_IO_MESSAGE}; importing it failed: {error}") from None
     return tfio
 
 
 def _parquet_examples(data: dict, files: List[str]):
-    import tensorflow as tf
-
     tfio = import_tensorflow_io()
     label = data["label"]
     try:
@@ -289,10 +177,6 @@ def _file_examples(data: dict, patterns: Sequence[str]):
 
 
 def _function_examples(data: dict, rank: int, size: int):
-    from hvdkeras.recipes.models import accepted_parameters, import_function
-
-    import tensorflow as tf
-
     function = import_function(data["source"])
     args = dict(data["args"] or {})
     accepted = accepted_parameters(function)
@@ -311,8 +195,6 @@ def _function_examples(data: dict, rank: int, size: int):
 
 
 def _count(dataset) -> int:
-    import tensorflow as tf
-
     cardinality = int(dataset.cardinality())
     if cardinality >= 0:
         return cardinality
@@ -322,8 +204,6 @@ def _count(dataset) -> int:
 def _finish(train, validation, data: dict, rank: int, size: int,
             train_examples: Optional[int] = None, validation_examples: Optional[int] = None,
             already_sharded: bool = False) -> Tuple[Any, Any, Optional[int], Optional[int]]:
-    import tensorflow as tf
-
     if data["shard"] and size > 1 and not already_sharded:
         train = train.shard(size, rank)
         if validation is not None:
@@ -350,8 +230,6 @@ def _finish(train, validation, data: dict, rank: int, size: int,
 
 
 def _bundled(data: dict, rank: int, size: int):
-    import tensorflow as tf
-
     x, y = load_digits()
     x = x / 16.0
     x = x.reshape((-1, *data["input_shape"])).astype(np.float32)
@@ -370,8 +248,6 @@ def _bundled(data: dict, rank: int, size: int):
 
 
 def _synthetic(data: dict, rank: int, size: int):
-    import tensorflow as tf
-
     batch = data["batch_size"]
     rng = np.random.default_rng((data["seed"] or 0) + rank)
     shape = tuple(data["input_shape"])
@@ -435,8 +311,6 @@ def export_digits(path: str, fmt: str) -> int:
                 f.write(",".join(f"{v:g}" for v in row) + f",{int(label)}\n")
         return len(y)
     if fmt == "tfrecord":
-        import tensorflow as tf
-
         with tf.io.TFRecordWriter(path) as writer:
             for row, label in zip(x, y):
                 example = tf.train.Example(features=tf.train.Features(feature={

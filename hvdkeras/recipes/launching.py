@@ -1,33 +1,18 @@
-"""Starting the ranks of a recipe run.
+"""Starting the ranks of a recipe run: the command each rank runs, the
+engine variables from the recipe's `engine` section, and the launch itself
+(through `hvdkeras.runner.launch`, the same launcher as `hvdkerasrun`).
 
-`launch_ranks` uses `hvdkeras.runner.launch.launch` (the project's launcher)
-when it is installed, and otherwise `_launch_with_mpiexec`: the `mpiexec`
-next to this Python (the `mpich` wheel's). `launcher_in_use()` says which.
+What may import this module: the CLI. It imports neither TensorFlow nor
+mpi4py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-
-def _project_launcher():
-    """`hvdkeras.runner.launch.launch`, or None while that module does not exist."""
-    try:
-        from hvdkeras.runner.launch import launch
-    except ModuleNotFoundError as error:
-        if error.name in ("hvdkeras.runner", "hvdkeras.runner.launch"):
-            return None
-        raise
-    return launch
-
-
-def launcher_in_use() -> str:
-    """'hvdkeras.runner.launch' or 'mpiexec (fallback)'."""
-    return "hvdkeras.runner.launch" if _project_launcher() is not None else "mpiexec (fallback)"
+from hvdkeras.engine import config
+from hvdkeras.runner.launch import launch
 
 
 def rank_command(recipe: str, overrides: Sequence[str] = (),
@@ -41,42 +26,24 @@ def rank_command(recipe: str, overrides: Sequence[str] = (),
     return command
 
 
-def mpiexec_path() -> Path:
-    """The mpiexec next to the running interpreter (not resolved: venv symlinks)."""
-    return Path(sys.executable).parent / "mpiexec"
-
-
-def _launch_with_mpiexec(command: List[str], np: int, hosts: Optional[str] = None,
-                         hostfile: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-                         max_restarts: int = 0) -> int:
-    """Fallback until hvdkeras.runner exists: `<venv>/bin/mpiexec -n N command`."""
-    mpiexec = mpiexec_path()
-    if not mpiexec.exists():
-        print(f"hvdkeras: error: {mpiexec} not found; install the 'mpich' wheel in this "
-              "environment (pip install mpich)", file=sys.stderr)
-        return 2
-    if max_restarts:
-        print("hvdkeras: note: --max-restarts needs hvdkeras.runner; running once.",
-              file=sys.stderr)
-    full = [str(mpiexec), "-n", str(np)]
-    if hosts:
-        full += ["-hosts", hosts]
-    if hostfile:
-        full += ["-f", hostfile]
-    child_env = dict(os.environ)
-    child_env.update(env or {})
-    child_env.setdefault("HVDKERAS_EXPECTED_SIZE", str(np))
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.call(full + command, env=child_env)
+def engine_env(recipe: dict) -> Dict[str, str]:
+    """The HVDKERAS_* variables for the recipe's engine section (set ones only)."""
+    engine = recipe["engine"]
+    env: Dict[str, str] = {}
+    if engine["fusion_threshold"] is not None:
+        env[config.FUSION_THRESHOLD] = str(int(engine["fusion_threshold"]))
+    if engine["cycle_time_ms"] is not None:
+        env[config.CYCLE_TIME] = repr(float(engine["cycle_time_ms"]))
+    if engine["timeline"] is not None:
+        env[config.TIMELINE] = engine["timeline"]
+    if engine["autotune"] is not None:
+        env[config.AUTOTUNE] = "1" if engine["autotune"] else "0"
+    return env
 
 
 def launch_ranks(command: List[str], np: int, hosts: Optional[str] = None,
                  hostfile: Optional[str] = None, env: Optional[Dict[str, str]] = None,
                  max_restarts: int = 0) -> int:
     """Runs `command` on `np` ranks; returns the job's exit code."""
-    launch = _project_launcher()
-    if launch is None:
-        return _launch_with_mpiexec(command, np, hosts=hosts, hostfile=hostfile, env=env,
-                                    max_restarts=max_restarts)
     return launch(command, np=np, hosts=hosts, hostfile=hostfile, env=env,
                   max_restarts=max_restarts)

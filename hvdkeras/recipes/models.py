@@ -6,13 +6,18 @@ where the function takes `input_shape` / `num_classes` (`classes` for the
 applications) and the recipe does not set them, they come from the data
 section. Applications default to `weights: null`: there is no network at run
 time, and pretrained weights are a deliberate choice.
+
+What may import this module: the rest of `hvdkeras.recipes`; recipes name its
+model functions (`hvdkeras.recipes.models:digits_cnn`).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Sequence
+
+import keras
+
+from hvdkeras.recipes.user_code import accepted_parameters, import_function
 
 
 def digits_cnn(input_shape: Sequence[int] = (8, 8, 1), num_classes: int = 10,
@@ -23,8 +28,6 @@ def digits_cnn(input_shape: Sequence[int] = (8, 8, 1), num_classes: int = 10,
 
         model: {name: "hvdkeras.recipes.models:digits_cnn", args: {filters: 32}}
     """
-    import keras
-
     layers = keras.layers
     return keras.Sequential([
         keras.Input(tuple(input_shape)),
@@ -52,8 +55,6 @@ def mlp(input_shape: Sequence[int] = (64,), num_classes: int = 10,
         activation: Hidden activation.
         normalize: Batch-normalize the inputs first.
     """
-    import keras
-
     layers = keras.layers
     stack = [keras.Input(tuple(input_shape)), layers.Flatten()]
     if normalize:
@@ -68,36 +69,8 @@ def mlp(input_shape: Sequence[int] = (64,), num_classes: int = 10,
 
 def application_names() -> list:
     """The model constructors `keras.applications` offers (ResNet50, ...)."""
-    import keras
-
     return sorted(n for n in dir(keras.applications)
                   if n[:1].isupper() and callable(getattr(keras.applications, n)))
-
-
-def import_function(target: str) -> Callable[..., Any]:
-    """`package.module:function` -> the function (ImportError/AttributeError if not there)."""
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
-    function = getattr(module, attribute)
-    if not callable(function):
-        raise TypeError(f"{target} is a {type(function).__name__}, not a function")
-    return function
-
-
-def accepted_parameters(function: Callable[..., Any]) -> Optional[set]:
-    """The keyword names `function` accepts, or None if it takes **kwargs."""
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return None
-    names = set()
-    for parameter in signature.parameters.values():
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            return None
-        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                              inspect.Parameter.KEYWORD_ONLY):
-            names.add(parameter.name)
-    return names
 
 
 def model_function(recipe: dict) -> Callable[..., Any]:
@@ -105,8 +78,6 @@ def model_function(recipe: dict) -> Callable[..., Any]:
     name = recipe["model"]["name"]
     if ":" in name:
         return import_function(name)
-    import keras
-
     return getattr(keras.applications, name)
 
 
@@ -135,8 +106,6 @@ def model_arguments(recipe: dict, function: Callable[..., Any]) -> Dict[str, Any
 
 def build_model(recipe: dict):
     """Calls the model function with its arguments; checks a model came back."""
-    import keras
-
     function = model_function(recipe)
     model = function(**model_arguments(recipe, function))
     if not isinstance(model, keras.Model):

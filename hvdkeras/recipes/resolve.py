@@ -1,11 +1,14 @@
 """Checks of a valid recipe against this environment, before any process starts.
 
-`schema.validate` checks the recipe's shape without importing anything heavy;
+`hvdkeras.recipes.validation` checks the recipe's shape without importing anything heavy;
 these checks look names up in Keras (models, optimizers and their arguments,
 losses, metrics), import `module:function` targets, find the data files, and
 check optional packages (tensorboard, tensorflow-io). Problems come back as
 `Issue`s with the same file:line locations, so `hvdkeras train` can refuse a
 recipe (exit code 2) before it launches anything. No MPI, no TensorFlow ops.
+
+What may import this module: `hvdkeras.recipes.load_recipe`, lazily (it
+imports Keras, which schema-only validation does without).
 """
 
 from __future__ import annotations
@@ -17,9 +20,17 @@ import os
 import sys
 from typing import Any, Callable, Iterable, List, Optional
 
-from hvdkeras.recipes import schema
+import keras
+
+from hvdkeras.engine.config import engine_config_from_env
+from hvdkeras.recipes import data_files, keras_objects
+from hvdkeras.recipes.launching import engine_env
+from hvdkeras.recipes.models import application_names
+from hvdkeras.recipes.schema_data import FILE_SOURCES, TF_IO_MESSAGE, data_source_kind
 from hvdkeras.recipes.spec import Context, Issue, did_you_mean
+from hvdkeras.recipes.user_code import accepted_parameters, import_function
 from hvdkeras.recipes.yaml_source import Document, Path
+from hvdkeras.training.checkpoint_naming import newest_first
 
 # tensorflow-io release -> the TensorFlow versions its ops load on.
 TF_IO_COMPATIBLE = {"0.37": ("2.16", "2.17")}
@@ -45,7 +56,7 @@ def tensorflow_io_problem() -> Optional[str]:
     the doubt; reading the data then says exactly what failed.
     """
     if importlib.util.find_spec("tensorflow_io") is None:
-        return f"{schema.TF_IO_MESSAGE}; tensorflow-io is not installed"
+        return f"{TF_IO_MESSAGE}; tensorflow-io is not installed"
     try:
         io_version = importlib.metadata.version("tensorflow-io")
     except importlib.metadata.PackageNotFoundError:
@@ -53,7 +64,7 @@ def tensorflow_io_problem() -> Optional[str]:
     compatible = TF_IO_COMPATIBLE.get(".".join(io_version.split(".")[:2]))
     version = installed_tensorflow_version() or "unknown"
     if compatible and not version.startswith(tuple(v + "." for v in compatible)):
-        return (f"{schema.TF_IO_MESSAGE}; this environment has TensorFlow {version}, where "
+        return (f"{TF_IO_MESSAGE}; this environment has TensorFlow {version}, where "
                 f"the ops of tensorflow-io {io_version} fail to load")
     return None
 
@@ -66,8 +77,6 @@ def tensorboard_problem() -> Optional[str]:
 
 
 def _import_target(target: str, path: Path, out: Context, what: str) -> Optional[Callable]:
-    from hvdkeras.recipes.models import import_function
-
     try:
         return import_function(target)
     except ModuleNotFoundError as error:
@@ -87,8 +96,6 @@ def _import_target(target: str, path: Path, out: Context, what: str) -> Optional
 
 def _parameters_of(function: Callable) -> Optional[set]:
     """Keyword names accepted by a function or class (through **kwargs to bases)."""
-    from hvdkeras.recipes.models import accepted_parameters
-
     if not isinstance(function, type):
         return accepted_parameters(function)
     names: set = set()
@@ -122,8 +129,6 @@ def _check_args(function: Callable, args: dict, path: Path, out: Context, what: 
 
 
 def _check_model(recipe: dict, out: Context) -> None:
-    from hvdkeras.recipes.models import application_names
-
     name = recipe["model"]["name"]
     if ":" in name:
         function = _import_target(name, ("model", "name"), out, "model.name")
@@ -136,18 +141,14 @@ def _check_model(recipe: dict, out: Context) -> None:
                                          "use one of them (ResNet50, MobileNetV2, EfficientNetB0, "
                                          "...) or a 'module:function'")
             return
-        import keras
-
         function = getattr(keras.applications, name)
     if function is not None:
         _check_args(function, recipe["model"]["args"], ("model", "args"), out, name)
 
 
 def _check_optimizer(recipe: dict, out: Context) -> None:
-    from hvdkeras.recipes.training import optimizer_classes
-
     opt = recipe["optimizer"]
-    classes = optimizer_classes()
+    classes = keras_objects.optimizer_classes()
     cls = classes.get(opt["name"].lower())
     if cls is None:
         names = sorted(c.__name__ for c in classes.values())
@@ -160,10 +161,8 @@ def _check_optimizer(recipe: dict, out: Context) -> None:
 
 
 def _check_named(spec: Any, path: Path, out: Context, kind: str) -> None:
-    from hvdkeras.recipes import training
-
-    make = training.make_loss if kind == "loss" else training.make_metric
-    names = training.loss_names() if kind == "loss" else training.metric_names()
+    make = keras_objects.make_loss if kind == "loss" else keras_objects.make_metric
+    names = keras_objects.loss_names() if kind == "loss" else keras_objects.metric_names()
     name = spec if isinstance(spec, str) else spec["name"]
     where = path if isinstance(spec, str) else path + ("name",)
     try:
@@ -176,10 +175,8 @@ def _check_named(spec: Any, path: Path, out: Context, kind: str) -> None:
 
 
 def _check_data(recipe: dict, out: Context) -> None:
-    from hvdkeras.recipes import data as data_module
-
     data = recipe["data"]
-    kind = schema.data_source_kind(data["source"])
+    kind = data_source_kind(data["source"])
     if kind == "function":
         _import_target(data["source"], ("data", "source"), out, "data.source")
         return
@@ -187,24 +184,24 @@ def _check_data(recipe: dict, out: Context) -> None:
         problem = tensorflow_io_problem()
         if problem:
             out.error(("data", "source"), problem)
-    if kind not in schema.FILE_SOURCES:
+    if kind not in FILE_SOURCES:
         return
     lists = [(("data", "path"), data["path"])]
     if data["validation"] is not None and data["validation"]["path"]:
         lists.append((("data", "validation", "path"), data["validation"]["path"]))
     for path, patterns in lists:
         for index, pattern in enumerate(patterns):
-            if not data_module.expand_paths([pattern]):
+            if not data_files.expand_paths([pattern]):
                 out.error(path + (index,) if len(patterns) > 1 else path,
                           f"no file matches {pattern!r}")
     if kind == "csv":
-        files = data_module.expand_paths(data["path"])
+        files = data_files.expand_paths(data["path"])
         if files:
-            compression = data_module.compression_for(data["compression"], files)
+            compression = data_files.compression_for(data["compression"], files)
             try:
-                first = data_module.read_first_line(files[0], compression)
-                data_module.csv_columns(data, first)
-            except data_module.DataError as error:
+                first = data_files.read_first_line(files[0], compression)
+                data_files.csv_columns(data, first)
+            except data_files.DataError as error:
                 out.error(("data", error.field or "path"), error.message)
             except OSError as error:
                 out.error(("data", "path"), f"cannot read {files[0]}: {error}")
@@ -216,8 +213,6 @@ def _check_outputs(recipe: dict, out: Context) -> None:
         if not os.path.isdir(checkpoint["dir"]):
             out.error(("checkpoint", "dir"), f"{checkpoint['dir']} exists and is not a directory")
         elif not checkpoint["resume"]:
-            from hvdkeras.checkpoint_files import newest_first
-
             found = newest_first(os.listdir(checkpoint["dir"]))
             if found:
                 out.error(("checkpoint", "resume"),
@@ -231,10 +226,8 @@ def _check_outputs(recipe: dict, out: Context) -> None:
 
 
 def _check_engine(recipe: dict, out: Context) -> None:
-    from hvdkeras.config import engine_config_from_env
-
     try:
-        engine_config_from_env(schema.engine_env(recipe))
+        engine_config_from_env(engine_env(recipe))
     except ValueError as error:
         out.error(("engine",), str(error))
 

@@ -9,6 +9,9 @@ Every rank validates the recipe again (cheap, and the same on every rank),
 sets the engine knobs from its `engine` section unless the environment
 already has them, starts hvdkeras and trains. Exit codes: 0 done, 2 bad
 recipe or data (the message says what), 1 anything else.
+
+What may import this module: the CLI (`hvdkeras train --np 1`), lazily; the
+ranks run it as `python -m hvdkeras.recipes.run`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ import argparse
 import os
 import sys
 from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from hvdkeras.engine import world
+from hvdkeras.recipes import load_recipe
+from hvdkeras.recipes.data_files import DataError
+from hvdkeras.recipes.launching import engine_env
+from hvdkeras.recipes.training import run
+from hvdkeras.recipes.validation import RecipeError
 
 
 def _launch_rank() -> int:
@@ -41,8 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from hvdkeras.recipes import RecipeError, engine_env, load_recipe
-
     try:
         recipe, _ = load_recipe(args.recipe, args.overrides)
     except RecipeError as error:
@@ -56,14 +66,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def pin_gpu() -> None:
     """On GPU machines: one GPU per rank on each host (local rank), memory on demand."""
-    import tensorflow as tf
-
-    import hvdkeras
-
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         return
-    gpu = gpus[hvdkeras.local_rank() % len(gpus)]
+    gpu = gpus[world.local_rank() % len(gpus)]
     tf.config.set_visible_devices(gpu, "GPU")
     try:
         tf.config.experimental.set_memory_growth(gpu, True)
@@ -73,16 +79,12 @@ def pin_gpu() -> None:
 
 def train(recipe: dict, summary_json: Optional[str] = None) -> int:
     """Starts hvdkeras (if needed) and trains `recipe`; returns the exit code."""
-    import hvdkeras
-    from hvdkeras.recipes.data import DataError
-    from hvdkeras.recipes.training import run
-
-    hvdkeras.init()
+    world.init()
     pin_gpu()
     try:
         run(recipe, summary_json=summary_json)
     except DataError as error:
-        if hvdkeras.rank() == 0:
+        if world.rank() == 0:
             print(f"hvdkeras: error: {error}", file=sys.stderr, flush=True)
         return 2
     return 0

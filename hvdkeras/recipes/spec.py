@@ -23,6 +23,10 @@ class _Invalid:
 
 
 INVALID: Any = _Invalid()
+
+# A "package.module:function" reference to user code.
+MODULE_FUNCTION = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _NO_DEFAULT: Any = object()
 
 
@@ -63,6 +67,18 @@ class Context:
 
     def raw(self, path: Path) -> Optional[str]:
         return self.doc.raw_text(path)
+
+    def value_at(self, path: Path) -> Any:
+        """The value as written at `path` (before defaults), or None."""
+        node = self.doc.data
+        for part in path:
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                return None
+        return node
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

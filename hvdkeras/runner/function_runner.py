@@ -18,8 +18,11 @@ import sys
 import tempfile
 from typing import Any, Callable, Optional, Sequence
 
+import cloudpickle
+
 from hvdkeras.runner import task_files
-from hvdkeras.runner.launch import first_failure, launch_job
+from hvdkeras.runner.failures import first_failure
+from hvdkeras.runner.launch import launch_job
 
 
 class RankFailedError(RuntimeError):
@@ -103,8 +106,6 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, np: in
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}.")
-    import cloudpickle
-
     task_dir = tempfile.mkdtemp(prefix="hvdkeras-run-", dir=work_dir)
     try:
         with open(os.path.join(task_dir, task_files.TASK_FILE), "wb") as f:

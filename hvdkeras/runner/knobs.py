@@ -1,7 +1,7 @@
 """Launcher flags -> the engine's ``HVDKERAS_*`` environment variables.
 
 Pure functions. The values are validated with the same rules the engine
-applies at `hvdkeras.init()` (`hvdkeras.config`), so a bad value fails in the
+applies at `hvdkeras.init()` (`hvdkeras.engine.config`), so a bad value fails in the
 launcher, before any rank starts.
 """
 
@@ -12,7 +12,7 @@ import math
 import os
 from typing import Optional
 
-from hvdkeras import config
+from hvdkeras.engine import config
 
 LOG_LEVEL = "HVDKERAS_LOG_LEVEL"
 # --log-level -> TF_CPP_MIN_LOG_LEVEL (0 shows everything, 3 only fatal errors).

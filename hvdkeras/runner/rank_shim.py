@@ -85,7 +85,7 @@ def read_statuses(status_dir: str) -> list[dict]:
     return sorted(records, key=lambda r: r.get("time", 0.0))
 
 
-class _Pump(threading.Thread):
+class Pump(threading.Thread):
     """Copies one child stream to ours line by line, prefixed, keeping a tail."""
 
     def __init__(self, fd: int, out, tag: bytes, tail, lock, log) -> None:
@@ -184,8 +184,8 @@ def run(command: list[str], status_dir: Optional[str], log_dir: Optional[str], a
     out = sys.stdout.buffer
     err = sys.stderr.buffer
     tag = (lambda stream: f"[{rank}]<{stream}>: ".encode()) if prefix else (lambda stream: b"")
-    pumps = [_Pump(os.dup(child.stdout.fileno()), out, tag("stdout"), tail, lock, log),
-             _Pump(os.dup(child.stderr.fileno()), err, tag("stderr"), tail, lock, log)]
+    pumps = [Pump(os.dup(child.stdout.fileno()), out, tag("stdout"), tail, lock, log),
+             Pump(os.dup(child.stderr.fileno()), err, tag("stderr"), tail, lock, log)]
     child.stdout.close()
     child.stderr.close()
     for pump in pumps:

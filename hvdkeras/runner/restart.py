@@ -1,8 +1,59 @@
-"""When and after how long `hvdkerasrun --max-restarts K` relaunches a job. Pure."""
+"""The attempts of a job: run one, report how it failed, and relaunch the
+whole job after a failure (`hvdkerasrun --max-restarts K`) with backoff,
+following `RestartPolicy` (pure).
+
+What may import this module: the rest of `hvdkeras.runner` (standard
+library only).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+from hvdkeras.runner import mpi_env
+from hvdkeras.runner.attempt import SHIM, Attempt
+from hvdkeras.runner.failures import failure_report, first_failure
+
+ATTEMPT_ENV = "HVDKERAS_ATTEMPT"  # 1-based attempt number, seen by every rank
+
+
+class _Interrupted(Exception):
+    """The launcher itself was told to stop (SIGTERM/SIGHUP)."""
+
+
+@dataclasses.dataclass
+class JobResult:
+    """How a job ended (see `hvdkeras.runner.launch.launch_job`).
+
+    Attributes:
+        exit_code: 0 on success; else the failing rank's exit code (128 + N
+            for signal N), mpiexec's own code, or 130 when interrupted.
+        attempts: How many times the job was started.
+        failure: The first failing rank's record of the last attempt (keys
+            rank, exit_code, signal, last_lines, host, time), if any.
+        message: What went wrong, in words ("" on success).
+    """
+
+    exit_code: int
+    attempts: int
+    failure: Optional[dict] = None
+    message: str = ""
+
+
+def log(message: str, log_file: Optional[str] = None) -> None:
+    """Prints "hvdkerasrun: message" to stderr (and appends it to `log_file`)."""
+    line = f"hvdkerasrun: {message}"
+    print(line, file=sys.stderr, flush=True)
+    if log_file:
+        with open(log_file, "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,3 +97,75 @@ class RestartPolicy:
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before relaunching after attempt `attempt` (1-based) failed."""
         return min(self.backoff_s * (2 ** max(attempt - 1, 0)), self.max_backoff_s)
+
+
+def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
+                 prefix_output, deadline=None) -> JobResult:
+    """Runs the job until an attempt succeeds or `policy` gives up.
+
+    Each attempt gets its own status directory under `job_dir`; SIGTERM and
+    SIGHUP to the launcher (main thread only) end the attempt's ranks and
+    the loop (exit code 130).
+    """
+    previous = {}
+    interrupted = []
+    if threading.current_thread() is threading.main_thread():
+        def stop(signum, _frame):
+            interrupted.append(signum)
+            raise _Interrupted()
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        attempt = 1
+        while True:
+            status_dir = os.path.join(job_dir, f"attempt-{attempt}")
+            os.makedirs(status_dir)
+            program = [sys.executable, SHIM, "--status-dir", status_dir, "--attempt", str(attempt)]
+            if output_dir:
+                program += ["--log-dir", os.path.abspath(output_dir)]
+            if not prefix_output:
+                program.append("--no-prefix")
+            cmd = mpi_env.mpiexec_command(plan, program + ["--", *command])
+            env = dict(rank_env)
+            env[ATTEMPT_ENV] = str(attempt)
+            log(f"attempt {attempt} of {policy.max_attempts}: {plan.np} rank(s) of "
+                 f"{shlex.join(command)} via {plan.mpiexec}", log_file)
+            started = time.monotonic()
+            supervisor = Attempt(cmd, env, status_dir, deadline)
+            try:
+                code, records, since_failure, tails = supervisor.run()
+            except (KeyboardInterrupt, _Interrupted):
+                log(f"attempt {attempt} interrupted; all ranks ended", log_file)
+                return JobResult(130, attempt, None, "interrupted")
+            took = time.monotonic() - started
+            if supervisor.timed_out:
+                message = f"the job ran past its timeout; attempt {attempt} ended after {took:.1f} s"
+                log(message, log_file)
+                return JobResult(124, attempt, None, message)
+            if code == 0 and not records:
+                log(f"attempt {attempt} of {policy.max_attempts} succeeded in {took:.1f} s", log_file)
+                return JobResult(0, attempt)
+            message, exit_code = failure_report(records, code, tails)
+            headline, _, details = message.partition("\n")
+            if records and plan.np > 1:
+                headline += f"; all ranks ended {since_failure:.1f} s after it failed"
+            log(f"attempt {attempt} of {policy.max_attempts} failed after {took:.1f} s: {headline}",
+                 log_file)
+            if details:
+                log(details, log_file)
+            if not policy.should_restart(attempt, exit_code):
+                if policy.max_restarts:
+                    log(f"giving up after {attempt} attempt(s); exit code {exit_code}", log_file)
+                first = first_failure(records, lambda r: "\n".join(r.get("last_lines") or []))
+                return JobResult(exit_code, attempt, first[0] if first else None, message)
+            wait = policy.backoff(attempt)
+            log(f"restarting the job in {wait:g} s (attempt {attempt + 1} of {policy.max_attempts})",
+                 log_file)
+            time.sleep(wait)
+            attempt += 1
+    except _Interrupted:
+        return JobResult(130, attempt, None, "interrupted")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -6,6 +6,9 @@ calls ``fn(*args, **kwargs)`` and writes, atomically, either
 asked for) or ``error.<rank>.pkl`` (the exception when it pickles, its type
 name, message and formatted traceback). A failing rank exits 1 so that
 mpiexec ends the job at once.
+
+What may import this module: nothing; ranks run it with ``-m`` (importing it
+initializes MPI).
 """
 
 from __future__ import annotations
@@ -15,19 +18,21 @@ import pickle
 import sys
 import traceback
 
+import cloudpickle
+from mpi4py import MPI
+
+from hvdkeras.engine.config import EXPECTED_SIZE
 from hvdkeras.runner.task_files import TASK_FILE, error_path, error_record, result_path, write_atomic
 
 
 def _world() -> tuple[int, int]:
-    from mpi4py import MPI
-
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
 def main(task_dir: str) -> int:
     rank, size = _world()
     try:
-        expected = os.environ.get("HVDKERAS_EXPECTED_SIZE", "").strip()
+        expected = os.environ.get(EXPECTED_SIZE, "").strip()
         if expected.isdigit() and int(expected) != size:
             raise RuntimeError(
                 f"launched as one of {expected} ranks but MPI reports a world of size {size}: "
@@ -36,8 +41,6 @@ def main(task_dir: str) -> int:
             fn, args, kwargs, return_all = pickle.load(f)
         result = fn(*args, **kwargs)
         if rank == 0 or return_all:
-            import cloudpickle
-
             write_atomic(result_path(task_dir, rank), cloudpickle.dumps(result))
         return 0
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller

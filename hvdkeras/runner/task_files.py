@@ -6,6 +6,8 @@ import os
 import pickle
 import time
 
+import cloudpickle
+
 TASK_FILE = "task.pkl"
 
 
@@ -33,8 +35,6 @@ def error_record(rank: int, exc: BaseException, formatted: str) -> dict:
     Keys: rank, type, message, traceback (formatted), time, and exception
     (the cloudpickled exception, or None when it does not round-trip).
     """
-    import cloudpickle
-
     record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
               "traceback": formatted, "time": time.time(), "exception": None}
     try:

@@ -28,7 +28,10 @@ Spark jobs (MPI can be initialised only once per process).
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import os
+import pickle
 import secrets
 import signal
 import socket
@@ -39,9 +42,15 @@ import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
+import cloudpickle
+
+from hvdkeras.engine.config import EXPECTED_SIZE
+from hvdkeras.runner import mpi_env, rank_shim
+from hvdkeras.runner.failures import first_failure
 from hvdkeras.runner.function_runner import RankFailedError, raise_rank_error
-from hvdkeras.runner.launch import first_failure, inherited_env
+from hvdkeras.runner.launch import inherited_env, resolve_mpiexec
 from hvdkeras.runner.service import Client, Service, ServiceError
+from hvdkeras.spark import task_env
 
 DRIVER_HOST_ENV = "HVDKERAS_SPARK_DRIVER_HOST"
 POLL_S = 0.5
@@ -91,9 +100,6 @@ class _JobState:
 
 def _rank_command() -> list[str]:
     """``mpiexec -n 1 python -m hvdkeras.spark.task_rank`` with this environment's MPICH."""
-    from hvdkeras.runner import mpi_env
-    from hvdkeras.runner.launch import resolve_mpiexec
-
     mpiexec, vendor, library = resolve_mpiexec([sys.executable])
     if vendor == mpi_env.OPENMPI:
         raise RuntimeError(
@@ -119,25 +125,22 @@ def _stop(proc: subprocess.Popen) -> None:
 def _run_task_rank(index: int, size: int, address: str, secret_hex: str,
                    extra_env: dict) -> int:
     """Body of one Spark task: start the rank, supervise it, report a crash."""
-    from hvdkeras.runner import rank_shim
-    from hvdkeras.spark import task_rank  # not at module level: the rank runs it with -m
-
     env = inherited_env(os.environ)  # not the worker's own MPI runtime, if it has one
-    env.pop("HVDKERAS_EXPECTED_SIZE", None)  # the rank's COMM_WORLD is 1; its world is the joined comm
+    env.pop(EXPECTED_SIZE, None)  # the rank's COMM_WORLD is 1; its world is the joined comm
     env.update(extra_env)
-    env.update({task_rank.ADDRESS_ENV: address, task_rank.SECRET_ENV: secret_hex,
-                task_rank.INDEX_ENV: str(index), task_rank.SIZE_ENV: str(size),
+    env.update({task_env.ADDRESS_ENV: address, task_env.SECRET_ENV: secret_hex,
+                task_env.INDEX_ENV: str(index), task_env.SIZE_ENV: str(size),
                 "PYTHONUNBUFFERED": "1"})
     host, _, port = address.rpartition(":")
     client = Client((host, int(port)), bytes.fromhex(secret_hex))
     proc = subprocess.Popen(_rank_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, start_new_session=True,
                             preexec_fn=_term_with_parent)
-    tail: Any = __import__("collections").deque(maxlen=rank_shim.TAIL_LINES)
+    tail: Any = collections.deque(maxlen=rank_shim.TAIL_LINES)
     lock = threading.Lock()
-    pumps = [rank_shim._Pump(os.dup(proc.stdout.fileno()), _buffer(sys.stdout),
+    pumps = [rank_shim.Pump(os.dup(proc.stdout.fileno()), _buffer(sys.stdout),
                              f"[{index}]<stdout>: ".encode(), tail, lock, None),
-             rank_shim._Pump(os.dup(proc.stderr.fileno()), _buffer(sys.stderr),
+             rank_shim.Pump(os.dup(proc.stderr.fileno()), _buffer(sys.stderr),
                              f"[{index}]<stderr>: ".encode(), tail, lock, None)]
     proc.stdout.close()
     proc.stderr.close()
@@ -182,8 +185,6 @@ def _buffer(stream):
 
 def _term_with_parent() -> None:
     """preexec_fn: SIGTERM the rank's mpiexec when the Spark task process dies."""
-    import ctypes
-
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -192,7 +193,7 @@ def _term_with_parent() -> None:
 
 def _make_partition_fn(size: int, address: str, secret_hex: str, extra_env: dict) -> Callable:
     def partition(_iterator):
-        from pyspark import BarrierTaskContext
+        from pyspark import BarrierTaskContext  # lazy: an optional extra (hvdkeras[spark])
 
         context = BarrierTaskContext.get()
         index = context.partitionId()
@@ -238,8 +239,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
         ImportError: pyspark is not installed (``pip install "hvdkeras[spark]"``).
     """
     try:
-        import cloudpickle
-        from pyspark import SparkContext
+        from pyspark import SparkContext  # lazy: an optional extra (hvdkeras[spark])
     except ImportError as exc:
         raise ImportError(f"hvdkeras.spark needs pyspark: pip install 'hvdkeras[spark]' ({exc})") from exc
     sc = spark_context or SparkContext._active_spark_context
@@ -252,13 +252,11 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}.")
 
-    from hvdkeras.spark import task_rank
-
     state = _JobState(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), num_proc)
     secret = secrets.token_bytes(32)
     rank_env = dict(env or {})
     if start_timeout is not None:
-        rank_env[task_rank.START_TIMEOUT_ENV] = str(float(start_timeout))
+        rank_env[task_env.START_TIMEOUT_ENV] = str(float(start_timeout))
     group = f"hvdkeras-spark-{uuid.uuid4().hex[:12]}"
     with Service(secret, state.handle) as service:
         address = f"{_driver_host(sc)}:{service.port}"
@@ -309,6 +307,4 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
     missing = [r for r in range(num_proc) if r not in results]
     if missing:
         raise RankFailedError(f"hvdkeras.spark.run: ranks {missing} returned no result")
-    import pickle
-
     return [pickle.loads(results[r]) for r in range(num_proc)]

@@ -6,10 +6,14 @@ authenticated service, opens an MPI port, publishes it, waits for the other
 ranks' ports, joins them (`connect.chain_connect`), calls
 ``hvdkeras.init(comm=world)`` and the function, and sends the result or the
 exception (with its traceback) back to the driver.
+
+What may import this module: nothing; the rank runs it with ``-m``
+(importing it initializes MPI).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import signal
@@ -17,17 +21,18 @@ import sys
 import time
 import traceback
 
-ADDRESS_ENV = "HVDKERAS_SPARK_SERVICE"  # host:port of the driver's service
-SECRET_ENV = "HVDKERAS_SPARK_SECRET"  # hex
-INDEX_ENV = "HVDKERAS_SPARK_INDEX"
-SIZE_ENV = "HVDKERAS_SPARK_SIZE"
-START_TIMEOUT_ENV = "HVDKERAS_SPARK_START_TIMEOUT"
-DEFAULT_START_TIMEOUT_S = 300.0
+import cloudpickle
+from mpi4py import MPI
+
+from hvdkeras.engine.world import init
+from hvdkeras.runner.service import Client
+from hvdkeras.runner.task_files import error_record
+from hvdkeras.spark import connect
+from hvdkeras.spark.task_env import (ADDRESS_ENV, DEFAULT_START_TIMEOUT_S, INDEX_ENV, SECRET_ENV,
+                                     SIZE_ENV, START_TIMEOUT_ENV)
 
 
 def _die_with_parent() -> None:
-    import ctypes
-
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -49,18 +54,11 @@ def _wait_for_ports(client, size: int, timeout: float) -> list:
 
 def main() -> int:
     _die_with_parent()
-    from hvdkeras.runner.service import Client
-    from hvdkeras.runner.task_files import error_record
-
     host, _, port = os.environ[ADDRESS_ENV].rpartition(":")
     index, size = int(os.environ[INDEX_ENV]), int(os.environ[SIZE_ENV])
     client = Client((host, int(port)), bytes.fromhex(os.environ[SECRET_ENV]))
     try:
         task = client.request("task")
-        from mpi4py import MPI
-
-        from hvdkeras.spark import connect
-
         my_port = MPI.Open_port()
         client.request("put_port", index=index, port=my_port)
         ports = _wait_for_ports(client, size, float(os.environ.get(START_TIMEOUT_ENV)
@@ -68,13 +66,8 @@ def main() -> int:
         world = connect.chain_connect(MPI, index, size, ports)
         MPI.Close_port(my_port)
         fn, args, kwargs = pickle.loads(task)
-
-        import hvdkeras
-
-        hvdkeras.init(comm=world)
+        init(comm=world)
         result = fn(*args, **kwargs)
-        import cloudpickle
-
         client.request("put_result", rank=index, blob=cloudpickle.dumps(result))
         return 0
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver

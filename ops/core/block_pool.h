@@ -1,7 +1,18 @@
 // Memory for fused allreduce results that the engine hands to the framework
-// as outputs. A block returns to the pool when the last output viewing it is
-// released, so a training step reuses the same pages every step instead of
-// faulting in fresh ones for its gradients.
+// as outputs.
+//
+// Note [fused outputs]
+// ~~~~~~~~~~~~~~~~~~~~
+// A fused allreduce reduces its tensors in one block from this pool, each
+// tensor at a kBlockAlignment boundary with zeros in the gaps (the same
+// layout on every rank, collective_allreduce.cc). The results are not copied
+// back: each output *is* its slice of the block. The framework binding wraps
+// the slice as its output tensor together with a reference to the block
+// (EngineBuffer in ops/tf/kernels.cc), so the block returns to the pool when
+// the last of those tensors is released, on whatever thread releases it and
+// even after the engine has stopped. A training step therefore reuses the
+// same pages every step instead of faulting in fresh ones for its gradients,
+// and one long-lived output keeps its whole block alive.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // C entry points for Python (ctypes): start and stop the engine on a
-// communicator handed over from mpi4py as a Fortran handle.
+// communicator handed over from mpi4py as a Fortran handle, and describe
+// what this library was built with and the vocabulary it speaks.
 #include <mpi.h>
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "core/engine.h"
+#include "core/engine_settings.h"
 
 namespace {
 
@@ -17,17 +19,26 @@ void CopyError(const std::string& message, char* out, int capacity) {
   out[n] = '\0';
 }
 
+std::string VocabularyText() {
+  std::string text;
+#define HVDKERAS_DTYPE(enumerator, value, name, bytes, reducible, floating, tensorflow)   \
+  text += std::string("dtype ") + name + " " + std::to_string(value) + " " + #bytes + " " + \
+          (reducible ? "reducible" : "movable") + "\n";
+#define HVDKERAS_REDUCE_OP(enumerator, value, name) \
+  text += std::string("reduce_op ") + name + " " + std::to_string(value) + "\n";
+#include "core/types.def"
+  return text;
+}
+
 }  // namespace
 
 extern "C" {
 
-// Returns 0 on success; otherwise writes a message into `error`.
-int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cycle_time_ms,
-                          int cache_capacity, double stall_check_seconds,
-                          double stall_shutdown_seconds, const char* timeline_path,
-                          int timeline_mark_cycles, int autotune, int autotune_threshold_fixed,
-                          int autotune_cycle_time_fixed, const char* autotune_log,
-                          int64_t allreduce_chunk_bytes, int shm_allreduce, char* error,
+// Starts the engine with `settings`, "name=value" lines naming fields of the
+// engine's configuration (see Note [engine settings] in engine_settings.def;
+// settings not named keep their defaults). Returns 0 on success; otherwise
+// writes a message into `error`.
+int hvdkeras_engine_start(int fortran_comm, const char* settings, char* error,
                           int error_capacity) {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -37,26 +48,30 @@ int hvdkeras_engine_start(int fortran_comm, int64_t fusion_threshold, double cyc
     return 1;
   }
   hvdkeras::EngineConfig config;
-  config.fusion_threshold = fusion_threshold;
-  config.cycle_time_ms = cycle_time_ms;
-  config.cache_capacity = cache_capacity;
-  config.stall_check_seconds = stall_check_seconds;
-  config.stall_shutdown_seconds = stall_shutdown_seconds;
-  config.timeline_path = timeline_path ? timeline_path : "";
-  config.timeline_mark_cycles = timeline_mark_cycles != 0;
-  config.autotune = autotune != 0;
-  config.autotune_threshold_fixed = autotune_threshold_fixed != 0;
-  config.autotune_cycle_time_fixed = autotune_cycle_time_fixed != 0;
-  config.autotune_log = autotune_log ? autotune_log : "";
-  config.allreduce_chunk_bytes = allreduce_chunk_bytes;
-  config.shm_allreduce = shm_allreduce != 0;
-  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
-  hvdkeras::Status s = hvdkeras::Engine::Instance().Start(comm, config);
+  hvdkeras::Status s = hvdkeras::ParseEngineSettings(settings ? settings : "", &config);
+  if (s.ok()) {
+    MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
+    s = hvdkeras::Engine::Instance().Start(comm, config);
+  }
   if (!s.ok()) {
     CopyError(s.message, error, error_capacity);
     return 1;
   }
   return 0;
+}
+
+// The default settings, as "name=value" lines in the table's order.
+const char* hvdkeras_engine_default_settings() {
+  static const std::string text = hvdkeras::DescribeEngineSettings(hvdkeras::EngineConfig());
+  return text.c_str();
+}
+
+// The element types and reductions (see Note [wire vocabulary] in
+// types.def), one per line: "dtype NAME VALUE BYTES reducible|movable" and
+// "reduce_op NAME VALUE".
+const char* hvdkeras_vocabulary() {
+  static const std::string text = VocabularyText();
+  return text.c_str();
 }
 
 void hvdkeras_engine_stop() { hvdkeras::Engine::Instance().Stop(); }

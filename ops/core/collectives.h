@@ -1,13 +1,14 @@
-// Execution of agreed collectives over MPI, one function per kind. Each runs
-// a batch of ops that the fusion planner grouped (same kind and key); ranks
-// call them in the same order with matching batches.
+// Execution of agreed collectives over MPI, one function per kind, each in
+// its own collective_<kind>.cc. Each runs a batch of ops that the fusion
+// planner grouped (same kind and key); ranks call them in the same order
+// with matching batches.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "core/block_pool.h"
-#include "core/engine_op.h"
+#include "core/pending_op.h"
 #include "core/mpi_context.h"
 #include "core/shm_allreduce.h"
 #include "core/timeline.h"
@@ -37,13 +38,48 @@ struct ExecContext {
 // Records an execution phase of every op in a batch on the timeline.
 class Activity {
  public:
-  Activity(ExecContext& ctx, const std::vector<PendingOp*>& batch, const char* name);
-  ~Activity();
+  Activity(ExecContext& ctx, const std::vector<PendingOp*>& batch, const char* name)
+      : timeline_(ctx.timeline), batch_(batch) {
+    if (!timeline_) return;
+    for (PendingOp* op : batch_) timeline_->ActivityStart(op->request.name, name);
+  }
+  ~Activity() {
+    if (!timeline_) return;
+    for (PendingOp* op : batch_) timeline_->ActivityEnd(op->request.name);
+  }
 
  private:
   Timeline* timeline_;
   const std::vector<PendingOp*>& batch_;
 };
+
+inline int64_t TensorBytes(const TensorRef& t) {
+  return NumElements(t.shape) * static_cast<int64_t>(DataTypeSize(t.dtype));
+}
+
+inline bool IsSingleTensor(const std::vector<PendingOp*>& batch) {
+  return batch.size() == 1 && batch[0]->tensors.size() == 1;
+}
+
+// Bytes of one row (everything but the first dimension).
+inline int64_t RowBytes(const Shape& shape, DataType dtype) {
+  int64_t n = static_cast<int64_t>(DataTypeSize(dtype));
+  for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+  return n;
+}
+
+inline Shape WithRows(const Shape& shape, int64_t rows) {
+  Shape out = shape;
+  out[0] = rows;
+  return out;
+}
+
+// Exclusive prefix sums: where each of `counts` starts when laid end to end.
+inline std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> offsets(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) offsets[i] = offsets[i - 1] + counts[i - 1];
+  return offsets;
+}
 
 Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 Status RunBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch);

@@ -6,53 +6,30 @@ namespace hvdkeras {
 
 size_t DataTypeSize(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8:
-    case DataType::kInt8:
-    case DataType::kBool:
-      return 1;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-    case DataType::kUInt16:
-    case DataType::kInt16:
-      return 2;
-    case DataType::kInt32:
-    case DataType::kFloat32:
-    case DataType::kUInt32:
-      return 4;
-    case DataType::kInt64:
-    case DataType::kFloat64:
-    case DataType::kUInt64:
-      return 8;
+#define HVDKERAS_DTYPE(enumerator, value, name, bytes, ...) \
+  case DataType::enumerator:                                \
+    return bytes;
+#include "core/types.def"
   }
   return 0;
 }
 
 const char* DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt8: return "int8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kBool: return "bool";
-    case DataType::kUInt16: return "uint16";
-    case DataType::kInt16: return "int16";
-    case DataType::kUInt32: return "uint32";
-    case DataType::kUInt64: return "uint64";
+#define HVDKERAS_DTYPE(enumerator, value, name, ...) \
+  case DataType::enumerator:                         \
+    return name;
+#include "core/types.def"
   }
   return "unknown";
 }
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kAverage: return "Average";
-    case ReduceOp::kSum: return "Sum";
-    case ReduceOp::kMin: return "Min";
-    case ReduceOp::kMax: return "Max";
-    case ReduceOp::kProduct: return "Product";
+#define HVDKERAS_REDUCE_OP(enumerator, value, name) \
+  case ReduceOp::enumerator:                        \
+    return name;
+#include "core/types.def"
   }
   return "unknown";
 }
@@ -70,15 +47,42 @@ const char* OpTypeName(OpType op) {
   return "unknown";
 }
 
-bool IsValidDataType(int32_t value) { return value >= 0 && value <= 12; }
+bool IsValidDataType(int32_t value) {
+  switch (value) {
+#define HVDKERAS_DTYPE(enumerator, value, ...) case value:
+#include "core/types.def"
+      return true;
+  }
+  return false;
+}
 
 bool IsValidReduceOp(int32_t value) {
-  return value == 0 || value == 1 || value == 3 || value == 4 || value == 5;
+  switch (value) {
+#define HVDKERAS_REDUCE_OP(enumerator, value, name) case value:
+#include "core/types.def"
+      return true;
+  }
+  return false;
 }
 
 bool IsFloatingPoint(DataType dtype) {
-  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
-         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+  switch (dtype) {
+#define HVDKERAS_DTYPE(enumerator, value, name, bytes, reducible, floating, ...) \
+  case DataType::enumerator:                                                     \
+    return floating;
+#include "core/types.def"
+  }
+  return false;
+}
+
+bool IsReducible(DataType dtype) {
+  switch (dtype) {
+#define HVDKERAS_DTYPE(enumerator, value, name, bytes, reducible, ...) \
+  case DataType::enumerator:                                           \
+    return reducible;
+#include "core/types.def"
+  }
+  return false;
 }
 
 int64_t NumElements(const Shape& shape) {

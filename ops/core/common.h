@@ -8,32 +8,16 @@
 
 namespace hvdkeras {
 
-// Element types the engine moves. Values are part of the wire format.
+// Element types the engine moves and reductions it applies: see
+// Note [wire vocabulary] in types.def, which lists them.
 enum class DataType : int32_t {
-  kUInt8 = 0,
-  kInt8 = 1,
-  kInt32 = 2,
-  kInt64 = 3,
-  kFloat16 = 4,
-  kBFloat16 = 5,
-  kFloat32 = 6,
-  kFloat64 = 7,
-  kBool = 8,
-  // Broadcast-only types: moved as bytes, never reduced.
-  kUInt16 = 9,
-  kInt16 = 10,
-  kUInt32 = 11,
-  kUInt64 = 12,
+#define HVDKERAS_DTYPE(enumerator, value, ...) enumerator = value,
+#include "core/types.def"
 };
 
-// Reductions, numbered as Horovod numbers them so scripts that pass raw
-// integers keep their meaning (2 was Adasum, which hvdkeras does not offer).
 enum class ReduceOp : int32_t {
-  kAverage = 0,
-  kSum = 1,
-  kMin = 3,
-  kMax = 4,
-  kProduct = 5,
+#define HVDKERAS_REDUCE_OP(enumerator, value, name) enumerator = value,
+#include "core/types.def"
 };
 
 // Collective operations the engine negotiates.
@@ -78,6 +62,8 @@ const char* OpTypeName(OpType op);
 bool IsValidDataType(int32_t value);
 bool IsValidReduceOp(int32_t value);
 bool IsFloatingPoint(DataType dtype);
+// Whether allreduce and reducescatter accept the type (the others move any).
+bool IsReducible(DataType dtype);
 
 int64_t NumElements(const Shape& shape);
 std::string ShapeString(const Shape& shape);

@@ -39,7 +39,7 @@ Status CheckReducible(const char* what, const std::string& name,
                      DataTypeName(tensors[0].dtype) + " and " + DataTypeName(t.dtype) +
                      "; submit one group per dtype");
     }
-    if (t.dtype == DataType::kBool || static_cast<int32_t>(t.dtype) > 8) {
+    if (!IsReducible(t.dtype)) {
       return Invalid(std::string(what) + " '" + name + "' does not support " +
                      DataTypeName(t.dtype) + " tensors");
     }

@@ -1,7 +1,16 @@
-// The response cache behind the fast negotiation path. Every rank holds an
-// identical cache because it changes only as a function of what all ranks
-// executed, in the same order. A request that repeats a cached signature is
-// announced with one bit (its slot) instead of being sent to the coordinator.
+// The response cache behind the fast negotiation path. A request that repeats
+// a cached signature is announced with one bit (its slot) instead of being
+// sent to the coordinator.
+//
+// Note [identical response caches]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A slot number means the same entry on every rank, because every rank's
+// cache starts empty and changes only through what all ranks agreed on, in
+// the agreed order: entries some rank invalidated are erased everywhere,
+// then hits are touched and new responses put in execution order
+// (Negotiator::Negotiate). Nothing local may change it: a rank that erased or
+// added an entry on its own would announce bits the others read as another
+// tensor.
 #pragma once
 
 #include <list>

@@ -1,7 +1,7 @@
 // Unit tests of the autotuner's pure logic (ops/core/autotuner.cc): the order
 // of trials, fixed parameters, the choice of the best score, when it is done,
 // and the trial results it reports. Built with autotuner.cc only, without MPI
-// or TensorFlow (tests/test_autotuner_logic.py compiles and runs it).
+// or TensorFlow (tests/test_core_units.py compiles and runs it).
 //
 // Time is simulated: every RecordCycle call advances a fake clock by a fixed
 // step and moves bytes = score(params) * step, so each window's measured
@@ -10,43 +10,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
-#include <sstream>
-#include <string>
 #include <vector>
 
 #include "core/autotuner.h"
+#include "tests/harness.h"
 
 namespace {
-
-int g_checks = 0;
-int g_failures = 0;
-const char* g_test = "";
-
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    ++g_checks;                                                                         \
-    if (!(cond)) {                                                                      \
-      ++g_failures;                                                                     \
-      std::printf("FAIL %s (%s:%d): %s\n", g_test, __FILE__, __LINE__, #cond);          \
-    }                                                                                   \
-  } while (0)
-
-#define CHECK_EQ(a, b)                                                                  \
-  do {                                                                                  \
-    ++g_checks;                                                                         \
-    const auto va = (a);                                                                \
-    const auto vb = (b);                                                                \
-    if (!(va == vb)) {                                                                  \
-      ++g_failures;                                                                     \
-      std::ostringstream out;                                                           \
-      out.precision(17);                                                                \
-      out << va << " != " << vb;                                                        \
-      std::printf("FAIL %s (%s:%d): %s == %s: %s\n", g_test, __FILE__, __LINE__, #a, #b, \
-                  out.str().c_str());                                                   \
-    }                                                                                   \
-  } while (0)
 
 using hvdkeras::Autotuner;
 using hvdkeras::CycleTimeCandidates;
@@ -98,8 +68,7 @@ double PeakScore(const TuningParams& p) {
   return s + 10.0 * static_cast<double>(p.fusion_threshold % 7);  // small tie-breaks
 }
 
-void TestGrids() {
-  g_test = "grids";
+TEST(Grids) {
   const std::vector<int64_t> thresholds = ThresholdCandidates();
   const std::vector<int64_t> want_t = {0, kMiB, 2 * kMiB, 4 * kMiB, 8 * kMiB, 16 * kMiB,
                                        32 * kMiB, 64 * kMiB, 128 * kMiB};
@@ -108,8 +77,7 @@ void TestGrids() {
   CHECK(CycleTimeCandidates() == want_c);
 }
 
-void TestThresholdsFirstThenCycleTimesAtTheBest() {
-  g_test = "thresholds first, then cycle times at the best threshold";
+TEST(ThresholdsFirstThenCycleTimesAtTheBest) {
   const TuningParams start{64 * kMiB, 1.0};
   Autotuner tuner(start, false, false);
   CHECK(!tuner.done());
@@ -147,8 +115,7 @@ void TestThresholdsFirstThenCycleTimesAtTheBest() {
   CHECK_EQ(run.changes, static_cast<int>(run.trials.size()));
 }
 
-void TestBestSoFarFlags() {
-  g_test = "best_so_far marks each new maximum";
+TEST(BestSoFarFlags) {
   // Scores rise, fall, then rise again over the threshold grid.
   auto score = [](const TuningParams& p) {
     static const std::vector<double> by_index = {10, 30, 20, 40, 40, 5, 50, 1, 2};
@@ -171,8 +138,7 @@ void TestBestSoFarFlags() {
   CHECK(tuner.current() == (TuningParams{ThresholdCandidates()[6], 2.0}));
 }
 
-void TestFixedThresholdSearchesOnlyCycleTimes() {
-  g_test = "fixed threshold: only cycle times";
+TEST(FixedThresholdSearchesOnlyCycleTimes) {
   const TuningParams start{3 * kMiB + 17, 1.0};
   Autotuner tuner(start, /*threshold_fixed=*/true, false);
   // Every cycle-time candidate is tried (the start's included).
@@ -187,8 +153,7 @@ void TestFixedThresholdSearchesOnlyCycleTimes() {
   CHECK(tuner.current() == (TuningParams{start.fusion_threshold, 5.0}));
 }
 
-void TestBothFixedIsDoneAtOnce() {
-  g_test = "both fixed: nothing to search";
+TEST(BothFixedIsDoneAtOnce) {
   const TuningParams start{5 * kMiB, 3.0};
   Autotuner tuner(start, true, true);
   CHECK(tuner.done());
@@ -198,8 +163,7 @@ void TestBothFixedIsDoneAtOnce() {
   CHECK(tuner.current() == start);
 }
 
-void TestStartCycleTimeOffTheGrid() {
-  g_test = "a starting cycle time off the grid";
+TEST(StartCycleTimeOffTheGrid) {
   // 3 ms is not a candidate, so the cycle-time phase tries all six.
   Autotuner tuner({64 * kMiB, 3.0}, false, false);
   Run run = Drive(tuner, PeakScore);
@@ -210,8 +174,7 @@ void TestStartCycleTimeOffTheGrid() {
   CHECK(tuner.current() == (TuningParams{8 * kMiB, 5.0}));
 }
 
-void TestIdleCyclesAndShortWindowsDoNotCount() {
-  g_test = "idle cycles and short windows do not finish a trial";
+TEST(IdleCyclesAndShortWindowsDoNotCount) {
   Autotuner tuner({64 * kMiB, 1.0}, false, false, /*window_seconds=*/1.0, /*window_cycles=*/3,
                   /*windows_per_trial=*/2);
   Clock::time_point now{};
@@ -245,15 +208,3 @@ void TestIdleCyclesAndShortWindowsDoNotCount() {
 }
 
 }  // namespace
-
-int main() {
-  TestGrids();
-  TestThresholdsFirstThenCycleTimesAtTheBest();
-  TestBestSoFarFlags();
-  TestFixedThresholdSearchesOnlyCycleTimes();
-  TestBothFixedIsDoneAtOnce();
-  TestStartCycleTimeOffTheGrid();
-  TestIdleCyclesAndShortWindowsDoNotCount();
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
-}

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import hvdkeras as hvd
-from hvdkeras.gradient_reduction import ReductionSettings, reduce_gradients
+from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
 
 COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
                 "bf16": hvd.Compression.bf16}

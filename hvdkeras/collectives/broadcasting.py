@@ -1,0 +1,72 @@
+"""Broadcast: every rank gets the root rank's tensors or variable values.
+
+What may import this module: `hvdkeras.collectives` and the layers above it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import tensorflow as tf
+
+from hvdkeras.collectives import kernels
+from hvdkeras.collectives.common import check_dtype, not_converted
+from hvdkeras.engine import world
+
+
+@not_converted
+def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """Copies `tensor` from `root_rank` to every rank.
+
+    Args:
+        tensor: A tensor with the same shape and dtype on every rank (bool and
+            unsigned/16-bit integer types are allowed too).
+        root_rank: The rank whose value everyone receives. All ranks must
+            pass the same root; a mismatch fails on every rank.
+        name: Name that matches this call across ranks.
+
+    Returns:
+        The root's tensor.
+
+    Example:
+
+    ```python
+    seed = hvd.broadcast(tf.constant(np.random.randint(1 << 30)), root_rank=0)
+    ```
+    """
+    world.require()
+    tensor = tf.convert_to_tensor(tensor)
+    check_dtype(tensor, "broadcast", reducing=False)
+    return kernels.broadcast([tensor], int(root_rank), name)[0]
+
+
+@not_converted
+def broadcast_variables(variables: Iterable, root_rank: int = 0,
+                        name: Optional[str] = None) -> None:
+    """Assigns every variable the value it has on `root_rank`.
+
+    All variables travel in one fused broadcast. Use it after building a
+    model (and its optimizer) so every rank starts from the same state.
+
+    Args:
+        variables: TensorFlow or Keras variables, in the same order on every
+            rank.
+        root_rank: The rank whose values are kept.
+        name: Name that matches this call across ranks.
+
+    Example:
+
+    ```python
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    ```
+    """
+    world.require()
+    variables = list(variables)
+    if not variables:
+        return
+    values = [tf.convert_to_tensor(v) for v in variables]
+    for v in values:
+        check_dtype(v, "broadcast_variables", reducing=False)
+    received = kernels.broadcast(values, int(root_rank), name or "HvdkerasBroadcastVariables")
+    for variable, value in zip(variables, received):
+        variable.assign(value)

@@ -1,0 +1,185 @@
+"""Collectives that move rows between ranks: allgather, alltoall and
+reducescatter, with their grouped forms.
+
+What may import this module: `hvdkeras.collectives` and the layers above it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from hvdkeras.collectives import kernels
+from hvdkeras.collectives.common import (by_dtype, group_name, not_converted, resolve_op,
+                                         to_tensors)
+from hvdkeras.engine import world
+from hvdkeras.engine.types import Average, Sum
+
+
+@not_converted
+def allgather(tensor, name: Optional[str] = None) -> tf.Tensor:
+    """Concatenates every rank's tensor along the first dimension.
+
+    The first dimension may differ between ranks (a rank may contribute no
+    rows); all other dimensions and the dtype must match.
+
+    Args:
+        tensor: A tensor with at least one dimension.
+        name: Name that matches this call across ranks.
+
+    Returns:
+        A tensor with rank 0's rows first, then rank 1's, and so on.
+
+    Example:
+
+    ```python
+    rows = hvd.allgather(tf.fill([hvd.rank() + 1, 2], hvd.rank()))
+    ```
+    """
+    world.require()
+    return kernels.allgather(to_tensors([tensor], "allgather", reducing=False, min_rank=1),
+                             name)[0]
+
+
+@not_converted
+def grouped_allgather(tensors: Sequence, name: Optional[str] = None) -> List[tf.Tensor]:
+    """Allgathers a list of tensors of one dtype in one negotiated, fused op.
+
+    Args:
+        tensors: Tensors of one dtype, each with at least one dimension.
+        name: Name that matches this call across ranks.
+
+    Returns:
+        The gathered tensors, in input order.
+
+    Example:
+
+    ```python
+    a, b = hvd.grouped_allgather([tf.ones([2, 3]), tf.zeros([1, 3])])
+    ```
+    """
+    world.require()
+    converted = to_tensors(tensors, "grouped_allgather", reducing=False, min_rank=1)
+    if len({t.dtype for t in converted}) > 1:
+        raise TypeError("hvdkeras.grouped_allgather needs tensors of one dtype; got "
+                        + ", ".join(sorted({t.dtype.name for t in converted})) + ".")
+    return kernels.allgather(converted, name) if converted else []
+
+
+def grouped_allgather_mixed(tensors: Sequence, name: Optional[str] = None) -> List[tf.Tensor]:
+    """Like `grouped_allgather`, with one fused op per dtype present."""
+    converted = to_tensors(tensors, "allgather", reducing=False, min_rank=1)
+    results: List[Optional[tf.Tensor]] = [None] * len(converted)
+    base = name or "HvdkerasGroupedAllgather"
+    for number, indices in enumerate(by_dtype(converted)):
+        outputs = kernels.allgather([converted[i] for i in indices], group_name(base, number))
+        for i, out in zip(indices, outputs):
+            results[i] = out
+    return results  # type: ignore[return-value]
+
+
+def even_splits(rows, size: int) -> tf.Tensor:
+    """Rows per rank when `rows` are spread as evenly as possible, lower ranks first."""
+    rows = tf.cast(rows, tf.int64)
+    base = rows // size
+    extra = rows % size
+    return base + tf.cast(tf.range(size, dtype=tf.int64) < extra, tf.int64)
+
+
+@not_converted
+def alltoall(tensor, splits=None, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Sends `splits[r]` rows of `tensor` to rank r; returns what arrived.
+
+    Args:
+        tensor: A tensor with at least one dimension; its rows are sent in
+            order: the first `splits[0]` to rank 0, the next to rank 1, ...
+        splits: One non-negative row count per rank, summing to the number of
+            rows. Default: as even as possible, lower ranks getting the rest.
+        name: Name that matches this call across ranks.
+
+    Returns:
+        `(output, received_splits)`: the rows received, ordered by sending
+        rank, and how many came from each rank.
+
+    Example:
+
+    ```python
+    out, counts = hvd.alltoall(tf.range(4), splits=[1, 3])  # with 2 ranks
+    ```
+    """
+    world.require()
+    tensor = to_tensors([tensor], "alltoall", reducing=False, min_rank=1)[0]
+    if splits is None:
+        splits = even_splits(tf.shape(tensor, out_type=tf.int64)[0], world.size())
+    splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
+    return kernels.alltoall(tensor, splits, name)
+
+
+def _check_scatter_op(op: int) -> None:
+    if op not in (Sum, Average):
+        raise ValueError("hvdkeras.reducescatter supports op=hvdkeras.Sum or hvdkeras.Average.")
+
+
+@not_converted
+def reducescatter(tensor, name: Optional[str] = None, op: Optional[int] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduces a tensor over all ranks and keeps this rank's block of rows.
+
+    With n rows and size ranks, rank r keeps n // size rows, plus one if
+    r < n % size; blocks follow rank order.
+
+    Args:
+        tensor: A tensor of the same shape on every rank (at least 1-D).
+        name: Name that matches this call across ranks.
+        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
+        prescale_factor: Multiplies the input before the reduction.
+        postscale_factor: Multiplies the result after the reduction.
+
+    Returns:
+        This rank's rows of the reduced tensor.
+
+    Example:
+
+    ```python
+    mine = hvd.reducescatter(tf.ones([4, 3]), op=hvd.Sum)  # 2 rows each on 2 ranks
+    ```
+    """
+    world.require()
+    op = resolve_op(op, None)
+    _check_scatter_op(op)
+    converted = to_tensors([tensor], "reducescatter", reducing=True, min_rank=1)
+    return kernels.reducescatter(converted, op, prescale_factor, postscale_factor, name)[0]
+
+
+@not_converted
+def grouped_reducescatter(tensors: Sequence, name: Optional[str] = None,
+                          op: Optional[int] = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[tf.Tensor]:
+    """`reducescatter` of several tensors in one fused op per dtype.
+
+    Args:
+        tensors: Tensors (at least 1-D) with the same shapes on every rank.
+        name, op, prescale_factor, postscale_factor: As in `reducescatter`.
+
+    Returns:
+        This rank's rows of each reduced tensor, in input order.
+
+    Example:
+
+    ```python
+    a, b = hvd.grouped_reducescatter([tf.ones([4]), tf.ones([6, 2])])
+    ```
+    """
+    world.require()
+    op = resolve_op(op, None)
+    _check_scatter_op(op)
+    converted = to_tensors(tensors, "grouped_reducescatter", reducing=True, min_rank=1)
+    results: List[Optional[tf.Tensor]] = [None] * len(converted)
+    base = name or "HvdkerasGroupedReducescatter"
+    for number, indices in enumerate(by_dtype(converted)):
+        outputs = kernels.reducescatter([converted[i] for i in indices], op, prescale_factor,
+                                        postscale_factor, group_name(base, number))
+        for i, out in zip(indices, outputs):
+            results[i] = out
+    return results  # type: ignore[return-value]

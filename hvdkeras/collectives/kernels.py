@@ -1,0 +1,86 @@
+"""The op library's collectives as Python calls: lists of tensors in, lists out.
+
+The one place that calls the generated TensorFlow op wrappers; the public
+wrappers around it check their arguments and choose the names (see Note
+[collective names] in `common`).
+
+What may import this module: the rest of `hvdkeras.collectives`.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import tensorflow as tf
+
+from hvdkeras.collectives.common import names
+from hvdkeras.engine import library
+
+
+def one_consumer(outputs: List[tf.Tensor]) -> List[tf.Tensor]:
+    """Routes the outputs of a multi-output collective through one IdentityN.
+
+    The engine completes a kernel on its own thread, and TensorFlow's
+    executor then queues every consumer of that kernel's outputs as a
+    separate thread-pool task. With one IdentityN as the only consumer, one
+    task is queued and the consumers behind it run inline (measured: 100
+    outputs of one grouped allreduce returned from a `tf.function` in
+    0.75 ms instead of 1.65 ms on two ranks; the same function with local
+    multiplies takes 0.63 ms). Eagerly there is no executor.
+    """
+    if len(outputs) < 2 or tf.executing_eagerly():
+        return list(outputs)
+    return tf.identity_n(outputs)
+
+
+def allreduce(tensors: List[tf.Tensor], op: int, prescale_factor: float,
+              postscale_factor: float, name: Optional[str]) -> List[tf.Tensor]:
+    """One fused allreduce of tensors of one dtype."""
+    graph_name, tensor_name = names(name, "HvdkerasAllreduce")
+    return one_consumer(library.ops().hvdkeras_allreduce(
+        tensors, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, tensor_name=tensor_name, name=graph_name,
+    ))
+
+
+def broadcast(tensors: List[tf.Tensor], root_rank: int,
+              name: Optional[str]) -> List[tf.Tensor]:
+    """One fused broadcast from `root_rank` (any mix of dtypes)."""
+    graph_name, tensor_name = names(name, "HvdkerasBroadcast")
+    return one_consumer(library.ops().hvdkeras_broadcast(
+        tensors, root_rank=root_rank, tensor_name=tensor_name, name=graph_name))
+
+
+def allgather(tensors: List[tf.Tensor], name: Optional[str]) -> List[tf.Tensor]:
+    """One fused allgather of tensors of one dtype."""
+    graph_name, tensor_name = names(name, "HvdkerasAllgather")
+    return one_consumer(library.ops().hvdkeras_allgather(
+        tensors, tensor_name=tensor_name, name=graph_name))
+
+
+def reducescatter(tensors: List[tf.Tensor], op: int, prescale_factor: float,
+                  postscale_factor: float, name: Optional[str]) -> List[tf.Tensor]:
+    """One fused reducescatter of tensors of one dtype."""
+    graph_name, tensor_name = names(name, "HvdkerasReducescatter")
+    return one_consumer(library.ops().hvdkeras_reducescatter(
+        tensors, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, tensor_name=tensor_name, name=graph_name))
+
+
+def alltoall(tensor: tf.Tensor, splits: tf.Tensor,
+             name: Optional[str]) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(rows received, rows received from each rank)."""
+    graph_name, tensor_name = names(name, "HvdkerasAlltoall")
+    output, received = library.ops().hvdkeras_alltoall(
+        tensor, splits, tensor_name=tensor_name, name=graph_name)
+    return output, received
+
+
+def barrier(name: Optional[str]) -> None:
+    graph_name, tensor_name = names(name, "HvdkerasBarrier")
+    library.ops().hvdkeras_barrier(tensor_name=tensor_name, name=graph_name)
+
+
+def join(tensor_name: str) -> tf.Tensor:
+    """The rank that joined last."""
+    return library.ops().hvdkeras_join(tensor_name=tensor_name, name="HvdkerasJoin")

@@ -1,0 +1,161 @@
+"""Every private TensorFlow and Keras API that hvdkeras relies on, in one place.
+
+TensorFlow and Keras offer no public way to do the few things below, and
+private APIs move between releases: the habit of reaching into them all over
+its code is what broke Horovod on every Keras release. Here each use is one
+small function that says why hvdkeras needs it, on which versions it was
+checked, and what happens if a later release moves it: where hvdkeras can do
+without, it degrades (and says so); where it cannot, it raises an error that
+names the internal. Nothing else in the package imports from
+`tensorflow.python` or `keras.src`, or touches private attributes of
+TensorFlow or Keras objects (`tests/test_architecture.py` checks this).
+
+Checked on TensorFlow 2.16.2, 2.17.1, 2.18.1, 2.19.1, 2.20.0 and 2.21.0 with
+Keras 3.15.1: `scripts/test_tf_versions.sh` builds the op library and runs
+the collectives and a `model.fit` equivalence test on each of them.
+
+What may import this module: anything under `hvdkeras` (it imports only
+TensorFlow and Keras themselves, lazily).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable, Optional
+
+
+def exempt_from_program_order(op_types: Iterable[str]) -> bool:
+    """Keeps `tf.function` from chaining these stateful ops in program order.
+
+    `tf.function` adds control dependencies between stateful ops in the order
+    the Python code created them; collectives that ranks create in different
+    orders would then deadlock, while the engine can negotiate any order.
+    TensorFlow exempts its own collective ops through a module-level set in
+    `tensorflow.python.framework.auto_control_deps` (TF 2.16-2.21).
+
+    Returns:
+        Whether the exemption took effect. If not (a TensorFlow that moved
+        the set), it warns: collectives in one function then run in program
+        order, which is correct but can deadlock ranks whose graphs order
+        them differently.
+    """
+    try:
+        from tensorflow.python.framework import auto_control_deps  # lazy: TF internal, may be gone
+    except ImportError:  # pragma: no cover - depends on the TF version
+        auto_control_deps = None
+    if auto_control_deps is None or not hasattr(auto_control_deps, "ASYNC_STATEFUL_OPS"):
+        warnings.warn("hvdkeras could not exempt its collectives from tf.function's automatic "
+                      "control dependencies in this TensorFlow version; collectives inside one "
+                      "tf.function will run in program order.")
+        return False
+    auto_control_deps.ASYNC_STATEFUL_OPS = (
+        frozenset(auto_control_deps.ASYNC_STATEFUL_OPS) | frozenset(op_types))
+    return True
+
+
+def in_xla_context() -> bool:
+    """Whether the op being built now will be compiled by XLA.
+
+    Uses `tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext`
+    (TF 2.16-2.21). If it moves, this answers False and the collective's own
+    "no XLA kernel" error from TensorFlow remains.
+    """
+    import tensorflow as tf  # lazy: only while tracing
+
+    if tf.executing_eagerly():
+        return False
+    try:
+        from tensorflow.python.ops import control_flow_util  # lazy: TF internal, may be gone
+    except ImportError:  # pragma: no cover - depends on the TF version
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def disable_thread_spinning() -> bool:
+    """Asks TensorFlow's thread pools, not yet created, to sleep when idle.
+
+    TensorFlow reads `ConfigProto.experimental.disable_thread_spinning` when
+    it creates its runtime but has no public setter in eager mode, so the
+    option goes into the eager context's base config (its `_config`; TF
+    2.16-2.21). The physical devices are listed first, while the base config
+    is still the user's: TensorFlow imports device settings from it once, at
+    that moment.
+
+    Returns:
+        Whether the option was set. If `_config` is gone, pools keep
+        spinning: slower on shared cores, nothing worse.
+    """
+    import tensorflow as tf  # lazy: heavy, and only ranks that share cores need it
+    from tensorflow.core.protobuf import config_pb2  # lazy: as above
+    from tensorflow.python.eager import context  # lazy: TF internal, may be gone
+
+    ctx = context.context()
+    if not hasattr(ctx, "_config"):
+        return False
+    tf.config.list_physical_devices()
+    config = config_pb2.ConfigProto()
+    if ctx._config is not None:
+        config.CopyFrom(ctx._config)
+    config.experimental.disable_thread_spinning = True
+    ctx._config = config
+    return True
+
+
+def keep_registered_name(base: type, derived: type) -> None:
+    """Makes `derived` serialize under the name `base` was registered with.
+
+    Keras records `get_registered_name(obj.__class__)` in saved files; for a
+    class registered with `keras.saving.register_keras_serializable` that is
+    "package>Name", found in `keras.src.saving.object_registration`'s
+    `GLOBAL_CUSTOM_NAMES` (Keras 3.0-3.15). Mapping only this class-to-name
+    direction leaves the name-to-class lookup (used when loading) pointing
+    at `base`. If the table moves, a derived optimizer of a registered class
+    saves under its own name and loads only with hvdkeras imported.
+    """
+    try:
+        from keras.src.saving import object_registration  # lazy: Keras internal, may be gone
+    except ImportError:  # pragma: no cover - a future Keras layout
+        return
+    names = object_registration.GLOBAL_CUSTOM_NAMES
+    if base in names:
+        names[derived] = names[base]
+
+
+def optimizer_variables_built_for(optimizer: Any) -> list:
+    """The variables a Keras 3 optimizer was built for (`_trainable_variables`).
+
+    Keras 3.0-3.15 keeps them in this attribute and offers no public
+    accessor; `apply(grads)` without variables uses the same list.
+
+    Raises:
+        RuntimeError: naming the attribute, if a Keras release removed it.
+    """
+    try:
+        return list(optimizer._trainable_variables)
+    except AttributeError:  # pragma: no cover - a future Keras
+        raise RuntimeError(
+            "This Keras version has no Optimizer._trainable_variables, which hvdkeras reads to "
+            "know the variables an optimizer was built for; please report it with your Keras "
+            "version.") from None
+
+
+def optimizer_learning_rate_holder(optimizer: Any) -> Optional[Any]:
+    """What a Keras 3 optimizer stores its learning rate in (`_learning_rate`).
+
+    A `keras.Variable` for a float rate, the `LearningRateSchedule` itself
+    for a schedule (Keras 3.0-3.15). The public `learning_rate` property
+    returns the *current value* of either, so it cannot tell them apart.
+    None if a Keras release renamed the attribute (callers then treat the
+    rate as not settable, with their own explanation).
+    """
+    return getattr(optimizer, "_learning_rate", None)
+
+
+def reset_train_function(model: Any) -> None:
+    """Makes `fit()` build the model's train function again.
+
+    `model.train_function` is the compiled step Keras caches (Keras 3.0-3.15);
+    clearing it after changing `jit_compile` makes the next `fit()` trace a
+    new one. `fit()` calls its callbacks' `set_model` before building it.
+    """
+    model.train_function = None

@@ -1,0 +1,243 @@
+"""Compile the hvdkeras op library on the user's machine, once, and cache it.
+
+The cache entry is chosen by ``hvdkeras.engine.toolchain.cache_key`` over
+everything the binary depends on. Concurrent callers (e.g. every rank of
+``mpiexec -n 4``) serialise on a file lock; exactly one compiles, the others
+wait and reuse its result. The finished directory is moved into place with
+``os.replace``, so the final path never holds a half-written library.
+
+What may import this module: the rest of ``hvdkeras.engine`` and the CLI.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, LIBRARY_NAME,
+                                       BuildError, build_inputs, cache_key, library_path,
+                                       mpi_library_info, ops_source_dir)
+
+_ERROR_TAIL_CHARS = 4000
+
+#: True when the latest ``ensure_built`` call in this process compiled the library.
+last_build_performed: bool = False
+
+
+# --------------------------------------------------------------------------
+# Command assembly (pure: no compiler needed)
+# --------------------------------------------------------------------------
+
+
+def compiled_sources(source_dir: Path) -> list[Path]:
+    """The ``.cc`` files that make up the library (``core/`` and ``tf/``)."""
+    files: list[Path] = []
+    for subdir in COMPILED_SUBDIRS:
+        files += (Path(source_dir) / subdir).rglob("*.cc")
+    return sorted(files)
+
+
+def _object_path(source: Path, source_dir: Path, objdir: Path) -> Path:
+    """Object file name for ``source``, unique across subdirectories."""
+    relative = source.relative_to(source_dir).with_suffix(".o")
+    return Path(objdir) / "__".join(relative.parts)
+
+
+def compile_commands(inputs: dict, src: Path, objdir: Path) -> list[list[str]]:
+    """One compiler command per library source; each ends with ``-o <object in objdir>``."""
+    src = Path(src)
+    flags = [*inputs["cxx_flags"], f"-I{src}"]
+    if inputs.get("mpi_include"):
+        flags.append(f"-I{inputs['mpi_include']}")
+    flags += inputs["tf_compile_flags"]
+    compiler = inputs.get("compiler") or "g++"
+    return [
+        [compiler, *flags, "-c", str(source), "-o", str(_object_path(source, src, objdir))]
+        for source in compiled_sources(src)
+    ]
+
+
+def tf_library_dir(link_flags: list[str]) -> str | None:
+    """Directory of ``libtensorflow_framework.so.2`` (the ``-L`` in TF's link flags)."""
+    return next((flag[2:] for flag in link_flags if flag.startswith("-L")), None)
+
+
+def link_command(inputs: dict, objects: list[Path], output: Path) -> list[str]:
+    """Linker command producing the shared library ``output`` from ``objects``."""
+    mpi_library = Path(inputs["mpi_library"])
+    command = [inputs.get("compiler") or "g++", "-shared", "-pthread"]
+    command += [str(obj) for obj in objects]
+    command += ["-o", str(output)]
+    command += inputs["tf_link_flags"]
+    command += [
+        f"-L{mpi_library.parent}",
+        f"-l:{mpi_library.name}",
+        f"-Wl,-rpath,{mpi_library.parent}",
+    ]
+    tf_dir = tf_library_dir(inputs["tf_link_flags"])
+    if tf_dir:
+        command.append(f"-Wl,-rpath,{tf_dir}")
+    return command
+
+
+# --------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------
+
+
+def _check_toolchain(inputs: dict, mpi_searched: list[str]) -> None:
+    """Raise ``BuildError`` with a fix-it message when a build prerequisite is missing."""
+    if not inputs.get("compiler"):
+        requested = f" ($CXX is {os.environ['CXX']!r})" if os.environ.get("CXX") else ""
+        raise BuildError(
+            f"No C++ compiler found (looked for $CXX / g++){requested}: install one, e.g. "
+            "`apt-get install g++`, or point $CXX at a C++17 compiler."
+        )
+    if not inputs.get("mpi_include"):
+        raise BuildError(
+            f"mpi.h not found for the MPI library {inputs['mpi_library']}; looked in: "
+            + ", ".join(mpi_searched)
+            + ". Install MPI headers: `pip install mpich` (headers come with it), or for a "
+            "system MPI `apt-get install libmpich-dev` / `apt-get install libopenmpi-dev`."
+        )
+    include_dirs = [f[2:] for f in inputs["tf_compile_flags"] if f.startswith("-I")]
+    header = "tensorflow/core/framework/op_kernel.h"
+    if not any((Path(d) / header).is_file() for d in include_dirs):
+        raise BuildError(
+            f"TensorFlow C++ headers not found ({header} under {include_dirs or 'no -I dirs'}): "
+            "reinstall the tensorflow wheel (`pip install --force-reinstall tensorflow`)."
+        )
+
+
+def _run_tool(command: list[str], verbose: bool) -> None:
+    """Run one compiler/linker command; raise ``BuildError`` with its output on failure."""
+    if verbose:
+        print("hvdkeras: " + " ".join(command), file=sys.stderr, flush=True)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+    except OSError as exc:
+        raise BuildError(f"could not run {command[0]}: {exc}") from exc
+    if verbose and result.stderr:
+        sys.stderr.write(result.stderr)
+    if result.returncode != 0:
+        output = (result.stderr or result.stdout)[-_ERROR_TAIL_CHARS:]
+        raise BuildError(
+            f"command failed with exit code {result.returncode}:\n  {' '.join(command)}\n{output}"
+        )
+
+
+def _compile_all(commands: list[list[str]], verbose: bool) -> None:
+    """Run the compile commands in parallel (at most one per CPU)."""
+    workers = max(1, min(len(commands), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_run_tool, command, verbose) for command in commands]
+        for future in futures:
+            future.result()
+
+
+def _compile_library(inputs: dict, source_dir: Path, workdir: Path, verbose: bool) -> Path:
+    """Compile and link into ``workdir``; return the library path there."""
+    objdir = workdir / "obj"
+    objdir.mkdir()
+    commands = compile_commands(inputs, source_dir, objdir)
+    if not commands:
+        raise BuildError(f"no .cc files under {source_dir}/core or {source_dir}/tf")
+    _compile_all(commands, verbose)
+    output = workdir / LIBRARY_NAME
+    _run_tool(link_command(inputs, [Path(c[-1]) for c in commands], output), verbose)
+    shutil.rmtree(objdir)
+    return output
+
+
+def _write_build_info(directory: Path, inputs: dict, key: str, seconds: float) -> None:
+    """Record what the library was built from, beside it."""
+    info = {
+        **inputs,
+        "key": key,
+        "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "build_seconds": round(seconds, 2),
+        "device": "CPU",
+        "cuda": False,
+        "nccl": False,
+    }
+    (directory / BUILD_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if needed) for the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _install_directory(staged: Path, final: Path) -> None:
+    """Atomically move the finished ``staged`` directory to ``final`` (replacing it)."""
+    retired = None
+    if final.exists():
+        retired = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.replace(final, retired)
+    os.replace(staged, final)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def _build_into_cache(inputs: dict, key: str, source_dir: Path, verbose: bool) -> None:
+    """Compile in a temporary sibling directory, then move it to the cache entry."""
+    final = library_path(key).parent
+    print(
+        f"hvdkeras: building op library for TF {inputs['tf_version']} (key {key})",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.monotonic()
+    staged = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=final.parent))
+    try:
+        _compile_library(inputs, source_dir, staged, verbose)
+        seconds = time.monotonic() - started
+        _write_build_info(staged, inputs, key, seconds)
+        staged.chmod(0o755)  # mkdtemp makes it private; the cache entry is not secret
+        _install_directory(staged, final)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    print(f"hvdkeras: op library built in {seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+def ensure_built(
+    force: bool = False, verbose: bool = False, source_dir: Path | None = None
+) -> Path:
+    """Return the op library for the current TF/MPI/compiler/sources, building it if needed.
+
+    Safe to call from many processes at once: one builds, the rest wait on the
+    lock and reuse its library. Sets ``last_build_performed``.
+    """
+    global last_build_performed
+    last_build_performed = False
+    source_dir = Path(source_dir) if source_dir else ops_source_dir()
+    inputs = build_inputs(source_dir)
+    key = cache_key(inputs)
+    library = library_path(key)
+    if library.is_file() and not force:
+        return library
+    _check_toolchain(inputs, mpi_library_info()["include_searched"])
+    with _exclusive_lock(library.parent.with_name(f"{key}.lock")):
+        if library.is_file() and not force:
+            return library
+        _build_into_cache(inputs, key, source_dir, verbose)
+        last_build_performed = True
+    return library

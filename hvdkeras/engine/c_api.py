@@ -1,0 +1,92 @@
+"""The engine's C entry points (ops/core/c_api.cc), typed for ctypes.
+
+The engine's settings cross this seam as text, one "name=value" line per
+`EngineConfig` field (see Note [engine settings] in
+ops/core/engine_settings.def), so adding a setting changes no signature
+here. The element types and reductions come back the same way (see Note
+[wire vocabulary] in ops/core/types.def).
+
+What may import this module: the rest of `hvdkeras.engine`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from typing import Any, Dict
+
+ERROR_CAPACITY = 1024
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declares the argument and result types of the entry points; returns `lib`."""
+    lib.hvdkeras_engine_start.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                                          ctypes.c_int]
+    lib.hvdkeras_engine_start.restype = ctypes.c_int
+    lib.hvdkeras_engine_default_settings.argtypes = []
+    lib.hvdkeras_engine_default_settings.restype = ctypes.c_char_p
+    lib.hvdkeras_vocabulary.argtypes = []
+    lib.hvdkeras_vocabulary.restype = ctypes.c_char_p
+    lib.hvdkeras_engine_stop.argtypes = []
+    lib.hvdkeras_engine_stop.restype = None
+    lib.hvdkeras_engine_running.argtypes = []
+    lib.hvdkeras_engine_running.restype = ctypes.c_int
+    lib.hvdkeras_set_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_set_timeline.restype = None
+    lib.hvdkeras_current_params.argtypes = [ctypes.POINTER(ctypes.c_int64),
+                                            ctypes.POINTER(ctypes.c_double)]
+    lib.hvdkeras_current_params.restype = None
+    lib.hvdkeras_build_flavor.argtypes = []
+    lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
+    return lib
+
+
+def settings_text(config: Any) -> str:
+    """Every field of an `EngineConfig` dataclass as "name=value" lines.
+
+    Booleans travel as 1/0 and numbers in Python's shortest exact form, which
+    the engine parses back to the same value.
+
+    Raises:
+        ValueError: if a text value holds a newline (it would end the line).
+    """
+    lines = []
+    for name, value in dataclasses.asdict(config).items():
+        if isinstance(value, bool):
+            text = "1" if value else "0"
+        else:
+            text = repr(value) if isinstance(value, float) else str(value)
+        if "\n" in text or "\r" in text:
+            raise ValueError(f"engine setting {name} may not contain a line break: {value!r}")
+        lines.append(f"{name}={text}")
+    return "".join(line + "\n" for line in lines)
+
+
+def parse_settings(text: str) -> Dict[str, str]:
+    """"name=value" lines -> {name: value text} (the engine's defaults, say)."""
+    out = {}
+    for line in text.splitlines():
+        if line:
+            name, _, value = line.partition("=")
+            out[name] = value
+    return out
+
+
+def start(lib: ctypes.CDLL, fortran_comm: int, config: Any) -> None:
+    """Starts the engine on a communicator (Fortran handle) with `config`.
+
+    Raises:
+        RuntimeError: with the engine's reason, if it did not start.
+    """
+    error = ctypes.create_string_buffer(ERROR_CAPACITY)
+    rc = lib.hvdkeras_engine_start(fortran_comm, settings_text(config).encode(), error,
+                                   len(error))
+    if rc != 0:
+        raise RuntimeError(f"hvdkeras engine failed to start: {error.value.decode()}")
+
+
+def current_params(lib: ctypes.CDLL) -> tuple[int, float]:
+    """(fusion threshold, cycle time in ms) the running engine uses."""
+    threshold, cycle = ctypes.c_int64(), ctypes.c_double()
+    lib.hvdkeras_current_params(ctypes.byref(threshold), ctypes.byref(cycle))
+    return threshold.value, cycle.value

@@ -1,0 +1,187 @@
+"""Engine knobs read from the environment, validated before the engine starts.
+
+Pure functions: nothing here touches MPI or TensorFlow, so the parsing rules
+are unit-tested directly. `EngineConfig`'s fields are the engine's settings
+(see Note [engine settings] in ops/core/engine_settings.def): `init()` hands
+every one of them to the engine, and a test checks that both list the same
+names with the same defaults.
+
+What may import this module: anything, the launcher included (it imports
+only the standard library).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+FUSION_THRESHOLD = "HVDKERAS_FUSION_THRESHOLD"
+CYCLE_TIME = "HVDKERAS_CYCLE_TIME"
+CACHE_CAPACITY = "HVDKERAS_CACHE_CAPACITY"
+STALL_CHECK_SECONDS = "HVDKERAS_STALL_CHECK_SECONDS"
+STALL_CHECK_DISABLE = "HVDKERAS_STALL_CHECK_DISABLE"
+STALL_SHUTDOWN_SECONDS = "HVDKERAS_STALL_SHUTDOWN_SECONDS"
+TIMELINE = "HVDKERAS_TIMELINE"
+TIMELINE_MARK_CYCLES = "HVDKERAS_TIMELINE_MARK_CYCLES"
+AUTOTUNE = "HVDKERAS_AUTOTUNE"
+AUTOTUNE_LOG = "HVDKERAS_AUTOTUNE_LOG"
+ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
+SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
+# Set by the launcher: the number of ranks it started. init() compares it with
+# MPI's world size to catch an mpiexec of another MPI (N worlds of size 1).
+EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"
+
+# Upper bounds: what the engine can represent, with room to spare.
+MAX_FUSION_THRESHOLD = 1 << 40  # 1 TiB
+MAX_CACHE_CAPACITY = 1 << 20
+MAX_CYCLE_TIME_MS = 60_000.0
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the background engine.
+
+    Attributes:
+        fusion_threshold: Largest fused buffer in bytes (0 disables fusion).
+        cycle_time_ms: How long an idle rank waits between negotiation ticks,
+            in milliseconds. Ranks with new work start a cycle at once.
+        cache_capacity: Entries in the response cache behind the fast
+            negotiation path (0 sends every request to the coordinator).
+        stall_check_seconds: After this long, rank 0 warns about collectives
+            that some ranks submitted and others did not (0 disables).
+        stall_shutdown_seconds: After this long, such collectives fail on
+            the ranks that submitted them (0: they wait forever).
+        timeline_path: Rank 0 writes a Chrome trace here ("" for none).
+        timeline_mark_cycles: Add a marker for every engine cycle.
+        autotune: Tune the fusion threshold and cycle time online; a knob set
+            explicitly in the environment keeps its value.
+        autotune_log: Rank 0 writes one CSV row per autotune trial here.
+        allreduce_chunk_bytes: Buffers larger than this are reduced as a
+            sequence of in-place MPI calls of this many bytes, which keeps
+            each piece in cache (0: one call per buffer).
+        shm_allreduce: When every rank runs on one host, reduce through a
+            shared-memory window of the engine's own instead of MPI calls.
+        fusion_threshold_fixed: Whether the user set the fusion threshold.
+        cycle_time_fixed: Whether the user set the cycle time.
+    """
+
+    fusion_threshold: int = 64 * 1024 * 1024
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+    stall_check_seconds: float = 60.0
+    stall_shutdown_seconds: float = 0.0
+    timeline_path: str = ""
+    timeline_mark_cycles: bool = False
+    autotune: bool = False
+    autotune_log: str = ""
+    allreduce_chunk_bytes: int = 1024 * 1024
+    shm_allreduce: bool = True
+    fusion_threshold_fixed: bool = False
+    cycle_time_fixed: bool = False
+
+
+def _parse_int(env: Mapping[str, str], key: str, default: int, minimum: int,
+               maximum: int) -> int:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise ValueError(
+            f"{key}={raw!r} is not a whole number; set it to an integer >= {minimum} "
+            f"or unset it to use the default ({default})."
+        ) from None
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{key}={raw!r} must be >= {minimum} and <= {maximum} "
+                         f"(default {default}).")
+    return value
+
+
+def _parse_float(env: Mapping[str, str], key: str, default: float, minimum: float,
+                 maximum: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{key}={raw!r} is not a number; set it to a value > {minimum} "
+            f"or unset it to use the default ({default})."
+        ) from None
+    if not minimum < value <= maximum:  # also rejects nan
+        raise ValueError(f"{key}={raw!r} must be a number > {minimum} and <= {maximum} "
+                         f"(default {default}).")
+    return value
+
+
+def _parse_seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= MAX_SECONDS:  # also rejects nan and inf
+        raise ValueError(f"{key}={raw!r} must be a number of seconds >= 0 and <= "
+                         f"{MAX_SECONDS:g}; 0 turns it off (default {default}).")
+    return value
+
+
+def _parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
+    raw = env.get(key, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{key}={env[key]!r} is not a boolean; use 1 or 0.")
+
+
+def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineConfig:
+    """Reads the engine knobs from `env` (default: `os.environ`).
+
+    Args:
+        env: A mapping of environment variables.
+
+    Returns:
+        The validated `EngineConfig`.
+
+    Raises:
+        ValueError: naming the variable, its value and what is allowed.
+
+    Example:
+
+    >>> engine_config_from_env({"HVDKERAS_CYCLE_TIME": "2.5"}).cycle_time_ms
+    2.5
+    """
+    env = os.environ if env is None else env
+    defaults = EngineConfig()
+    stall_check_seconds = _parse_seconds(env, STALL_CHECK_SECONDS, defaults.stall_check_seconds)
+    stall_check_disabled = _parse_bool(env, STALL_CHECK_DISABLE)
+    return EngineConfig(
+        fusion_threshold=_parse_int(env, FUSION_THRESHOLD, defaults.fusion_threshold, 0,
+                                    MAX_FUSION_THRESHOLD),
+        cycle_time_ms=_parse_float(env, CYCLE_TIME, defaults.cycle_time_ms, 0.0,
+                                   MAX_CYCLE_TIME_MS),
+        cache_capacity=_parse_int(env, CACHE_CAPACITY, defaults.cache_capacity, 0,
+                                  MAX_CACHE_CAPACITY),
+        stall_check_seconds=(0.0 if stall_check_disabled else stall_check_seconds),
+        stall_shutdown_seconds=_parse_seconds(env, STALL_SHUTDOWN_SECONDS,
+                                              defaults.stall_shutdown_seconds),
+        timeline_path=env.get(TIMELINE, "").strip(),
+        timeline_mark_cycles=_parse_bool(env, TIMELINE_MARK_CYCLES),
+        autotune=_parse_bool(env, AUTOTUNE),
+        autotune_log=env.get(AUTOTUNE_LOG, "").strip(),
+        allreduce_chunk_bytes=_parse_int(env, ALLREDUCE_CHUNK_BYTES,
+                                         defaults.allreduce_chunk_bytes, 0,
+                                         MAX_FUSION_THRESHOLD),
+        shm_allreduce=_parse_bool(env, SHM_ALLREDUCE, default=True),
+        fusion_threshold_fixed=bool(env.get(FUSION_THRESHOLD, "").strip()),
+        cycle_time_fixed=bool(env.get(CYCLE_TIME, "").strip()),
+    )

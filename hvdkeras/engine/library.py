@@ -1,0 +1,76 @@
+"""Loads the compiled op library (building it first when needed).
+
+The same shared object serves TensorFlow (its op kernels, through
+`tf.load_op_library`) and Python (the engine's C entry points, through
+ctypes, typed in `hvdkeras.engine.c_api`); both handles refer to one loaded
+copy, so they share the engine.
+
+What may import this module: the rest of `hvdkeras.engine`, and
+`hvdkeras.collectives.kernels` (the one place that calls the op wrappers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from hvdkeras import compat
+from hvdkeras.engine import build, c_api, types
+
+_lock = threading.Lock()
+_ops_module: Any = None
+_cdll: Optional[ctypes.CDLL] = None
+_path: Optional[Path] = None
+
+# Ops that talk to other ranks. They are stateful, so TensorFlow never
+# constant-folds or deduplicates them (a folded collective would run once at
+# optimisation time on one rank only), but unlike other stateful ops they must
+# not be chained in program order by tf.function's automatic control
+# dependencies: ranks may create them in different orders, and the engine
+# negotiates the order. TensorFlow's own collective ops are exempted the same
+# way.
+COLLECTIVE_OP_TYPES = frozenset(("HvdkerasAllreduce", "HvdkerasBroadcast", "HvdkerasAllgather",
+                                 "HvdkerasReducescatter", "HvdkerasAlltoall"))
+
+
+def load() -> tuple[Any, ctypes.CDLL]:
+    """Returns (TensorFlow op module, ctypes handle), building on first use."""
+    global _ops_module, _cdll, _path
+    with _lock:
+        if _ops_module is None:
+            import tensorflow as tf  # lazy: seconds to import; `import hvdkeras` stays light
+
+            path = build.ensure_built()
+            _ops_module = tf.load_op_library(str(path))
+            compat.exempt_from_program_order(COLLECTIVE_OP_TYPES)
+            _cdll = c_api.bind(ctypes.CDLL(str(path)))
+            _path = path
+        return _ops_module, _cdll
+
+
+def ops() -> Any:
+    """The TensorFlow op module (generated Python wrappers of the kernels)."""
+    return load()[0]
+
+
+def handle() -> ctypes.CDLL:
+    """The engine's C entry points (see `hvdkeras.engine.c_api`)."""
+    return load()[1]
+
+
+def library_path() -> Optional[Path]:
+    """Path of the loaded library, or None when not loaded yet."""
+    return _path
+
+
+_vocabulary: Optional[types.Vocabulary] = None
+
+
+def vocabulary() -> types.Vocabulary:
+    """The loaded library's element types and reductions (loads it if needed)."""
+    global _vocabulary
+    if _vocabulary is None:
+        _vocabulary = types.parse_vocabulary(handle().hvdkeras_vocabulary().decode())
+    return _vocabulary

@@ -1,0 +1,281 @@
+"""This process's place in the job: init/shutdown and the world's ranks and sizes.
+
+What may import this module: anything above `hvdkeras.engine` (collectives,
+training, callbacks, recipes, the CLI). It imports mpi4py and TensorFlow
+only inside `init()`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+from typing import Any, Optional
+
+from hvdkeras.engine import c_api, library, tf_threads
+from hvdkeras.engine.config import EXPECTED_SIZE, EngineConfig, engine_config_from_env
+
+# The MPI standard's thread levels; mpi4py.MPI.THREAD_* hold the same values.
+_THREAD_LEVEL_NAMES = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
+                       2: "MPI_THREAD_SERIALIZED", 3: "MPI_THREAD_MULTIPLE"}
+_THREAD_MULTIPLE = 3
+
+
+def thread_level_name(level: int) -> str:
+    """Name of an MPI thread support level, e.g. 3 -> ``MPI_THREAD_MULTIPLE``."""
+    return _THREAD_LEVEL_NAMES.get(level, f"unknown ({level})")
+
+
+@dataclasses.dataclass
+class _World:
+    comm: Any  # the engine's private duplicate of the user's communicator
+    local_comm: Any
+    cross_comm: Any
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    thread_level: int
+    config: EngineConfig
+
+
+_world: Optional[_World] = None
+_atexit_registered = False
+
+
+def _not_initialized() -> ValueError:
+    return ValueError(
+        "hvdkeras has not been initialized (or has been shut down): call hvdkeras.init() first."
+    )
+
+
+def require() -> _World:
+    """This process's world; raises ValueError when hvdkeras is not initialized."""
+    if _world is None:
+        raise _not_initialized()
+    return _world
+
+
+def _check_expected_size(actual: int) -> None:
+    """Catches a launcher from one MPI starting ranks linked to another.
+
+    `hvdkerasrun` sets HVDKERAS_EXPECTED_SIZE; an MPI library that does not
+    understand the launcher starts every rank as its own world of size 1.
+    """
+    expected = os.environ.get(EXPECTED_SIZE, "").strip()
+    if expected.isdigit() and int(expected) != actual:
+        raise RuntimeError(
+            f"This process was launched as one of {expected} ranks but MPI reports a world of "
+            f"size {actual}: the mpiexec that started it belongs to a different MPI than the "
+            "one mpi4py loads. Use the mpiexec of the MPI that mpi4py uses (hvdkerasrun picks "
+            "it for you) or point mpi4py at the MPI whose mpiexec you use."
+        )
+
+
+def init(comm: Any = None) -> None:
+    """Starts hvdkeras on this process. Call it once, on every rank, first.
+
+    Builds the op library if this TensorFlow/MPI combination has none yet,
+    duplicates the communicator for the engine's private use, and starts the
+    background engine. A second call while running does nothing. A script run
+    without `mpiexec` is a world of size 1.
+
+    Ranks that share a host's cores also share TensorFlow's thread pools out
+    between them (see `HVDKERAS_TF_THREADS`), which only takes effect when
+    `init()` runs before the first TensorFlow op.
+
+    Args:
+        comm: An `mpi4py.MPI.Intracomm` to run on (default `COMM_WORLD`). The
+            engine works on a duplicate, so the caller may keep using it.
+
+    Raises:
+        ValueError: if an `HVDKERAS_*` knob has a bad value.
+        RuntimeError: if MPI gives too low a thread level or the engine fails
+            to start.
+
+    Example:
+
+    ```python
+    import hvdkeras as hvd
+    hvd.init()
+    print(f"rank {hvd.rank()} of {hvd.size()}")
+    ```
+    """
+    global _world, _atexit_registered
+    if _world is not None:
+        return
+    config = engine_config_from_env()
+    threads_setting = tf_threads.parse_setting()
+    from mpi4py import MPI  # lazy: importing it initializes MPI, which only init() may do
+
+    if comm is None:
+        comm = MPI.COMM_WORLD
+        _check_expected_size(comm.Get_size())
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(
+            f"hvdkeras.init(comm=...) needs an mpi4py.MPI.Intracomm, got {type(comm).__name__}."
+        )
+    thread_level = MPI.Query_thread()
+    if thread_level < MPI.THREAD_SERIALIZED:
+        raise RuntimeError(
+            f"MPI was initialized with {thread_level_name(thread_level)}, "
+            "but hvdkeras runs MPI on a background thread and needs at least "
+            "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE to use mpi4py alongside it). "
+            "Do not lower mpi4py.rc.thread_level."
+        )
+    lib = library.handle()
+    engine_comm = comm.Dup()
+    local_comm = engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.Get_rank())
+    cross_comm = engine_comm.Split(color=local_comm.Get_rank(), key=engine_comm.Get_rank())
+    local_sizes = engine_comm.allgather(local_comm.Get_size())
+    _share_tf_threads(threads_setting, local_comm, warn=engine_comm.Get_rank() == 0)
+    try:
+        c_api.start(lib, engine_comm.py2f(), config)
+    except RuntimeError:
+        for c in (cross_comm, local_comm, engine_comm):
+            c.Free()
+        raise
+    _world = _World(
+        comm=engine_comm, local_comm=local_comm, cross_comm=cross_comm,
+        rank=engine_comm.Get_rank(), size=engine_comm.Get_size(),
+        local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
+        cross_rank=cross_comm.Get_rank(), cross_size=cross_comm.Get_size(),
+        homogeneous=len(set(local_sizes)) == 1, thread_level=thread_level, config=config,
+    )
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> None:
+    """Applies the HVDKERAS_TF_THREADS policy; collective over the host's ranks."""
+    if setting == tf_threads.OFF:
+        return
+    cpus = tf_threads.allowed_cpus()
+    cpu_sets = local_comm.allgather(cpus)
+    shared = tf_threads.sharing_ranks(cpus, cpu_sets) > 1
+    if setting == tf_threads.AUTO and not shared:
+        return  # no other rank competes for these cores: TensorFlow's defaults fit
+    threads = setting if setting > 0 else tf_threads.threads_per_rank(cpus, cpu_sets)
+    tf_threads.apply(threads, warn, spin=not shared)
+
+
+def shutdown() -> None:
+    """Stops the engine on every rank. Ops still in flight fail.
+
+    Any rank may call it; the others stop at their next negotiation cycle,
+    and their later ops fail with a message saying hvdkeras was shut down.
+    Registered to run at interpreter exit. Calling it when not initialized
+    does nothing.
+
+    Example:
+
+    ```python
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    ```
+    """
+    global _world
+    if _world is None:
+        return
+    world, _world = _world, None
+    library.handle().hvdkeras_engine_stop()
+    for c in (world.cross_comm, world.local_comm, world.comm):
+        c.Free()
+
+
+def is_initialized() -> bool:
+    """Whether `init()` has run and `shutdown()` has not."""
+    return _world is not None
+
+
+def size() -> int:
+    """Number of processes (ranks) in the job."""
+    return require().size
+
+
+def rank() -> int:
+    """This process's rank, 0 to `size() - 1`."""
+    return require().rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return require().local_size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its host (use it to pick a GPU)."""
+    return require().local_rank
+
+
+def cross_size() -> int:
+    """Number of hosts that have a rank with this process's local rank."""
+    return require().cross_size
+
+
+def cross_rank() -> int:
+    """This process's index among the ranks sharing its local rank across hosts."""
+    return require().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    return require().homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (mpi4py may be used alongside)."""
+    return require().thread_level >= _THREAD_MULTIPLE
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome trace of the engine's work to `file_path`.
+
+    Rank 0 writes the file (other ranks may call this too; it does nothing
+    there). The trace shows, per tensor, its negotiation with the moment each
+    rank was ready and the phases of its execution. It is valid JSON at any
+    moment, so it can be opened while training runs or after a crash, in
+    Perfetto (ui.perfetto.dev) or chrome://tracing.
+
+    Args:
+        file_path: Where to write (truncated if it exists).
+        mark_cycles: Also mark every engine cycle.
+
+    Example:
+
+    ```python
+    hvd.start_timeline("/tmp/hvdkeras_timeline.json")
+    model.fit(...)
+    hvd.stop_timeline()
+    ```
+    """
+    require()
+    library.handle().hvdkeras_set_timeline(str(file_path).encode(), int(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stops the trace started by `start_timeline` (or HVDKERAS_TIMELINE)."""
+    require()
+    library.handle().hvdkeras_set_timeline(b"", 0)
+
+
+def engine_config() -> EngineConfig:
+    """The knobs the running engine uses (tuned values under autotune).
+
+    Returns:
+        An `EngineConfig`; `fusion_threshold` and `cycle_time_ms` are read
+        from the engine, so they show what autotune has chosen so far.
+
+    Example:
+
+    ```python
+    print(hvd.engine_config().fusion_threshold)
+    ```
+    """
+    config = require().config
+    threshold, cycle_time_ms = c_api.current_params(library.handle())
+    return dataclasses.replace(config, fusion_threshold=threshold, cycle_time_ms=cycle_time_ms)

@@ -1,0 +1,128 @@
+"""One attempt of a job: mpiexec started in a session of its own, its output
+forwarded (keeping each rank's last lines), and its ranks ended when one
+fails (mpiexec is given a grace period to do it itself) or the job runs
+past its deadline.
+
+What may import this module: the rest of `hvdkeras.runner` (standard
+library only).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional, TextIO
+
+from hvdkeras.runner import rank_shim
+
+# After a rank fails, how long mpiexec may take to end the others before the
+# launcher kills its whole process group (then SIGKILL after KILL_GRACE_S).
+FAILFAST_GRACE_S = 10.0
+FAILFAST_GRACE_ENV = "HVDKERAS_FAILFAST_GRACE_SECONDS"
+KILL_GRACE_S = 3.0
+POLL_S = 0.2
+# The per-rank wrapper every rank runs under mpiexec (by path: see rank_shim).
+SHIM = str(Path(rank_shim.__file__).resolve())
+_PREFIX = re.compile(r"^\[(\d+)\]<(?:stdout|stderr)>: ")
+
+
+class _Forwarder(threading.Thread):
+    """Copies mpiexec's stdout or stderr to ours, keeping each rank's last lines."""
+
+    def __init__(self, stream, sink: Callable[[], TextIO], tails: dict, lock) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.sink, self.tails, self.lock = stream, sink, tails, lock
+
+    def run(self) -> None:
+        for line in iter(self.stream.readline, ""):
+            match = _PREFIX.match(line)
+            key = match.group(1) if match else "mpiexec"
+            with self.lock:
+                self.tails.setdefault(key, collections.deque(maxlen=rank_shim.TAIL_LINES)).append(line.rstrip("\n"))
+            try:
+                out = self.sink()
+                out.write(line)
+                out.flush()
+            except (OSError, ValueError):
+                pass
+        self.stream.close()
+
+
+def kill_group(proc: subprocess.Popen, sig: int) -> None:
+    """Sends `sig` to the process group `proc` leads (nothing if it is gone)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Attempt:
+    """Runs mpiexec once and supervises it."""
+
+    def __init__(self, cmd: list[str], env: dict, status_dir: str,
+                 deadline: Optional[float] = None) -> None:
+        self.cmd, self.env, self.status_dir, self.deadline = cmd, env, status_dir, deadline
+        self.tails: dict = {}
+        self.lock = threading.Lock()
+        self.enforced = False
+        self.timed_out = False
+        self.grace = float(env.get(FAILFAST_GRACE_ENV) or FAILFAST_GRACE_S)
+
+    def run(self) -> tuple[int, list[dict], float, dict]:
+        """(mpiexec exit code, failure records, seconds from the first failure to the end,
+        last lines per rank)."""
+        proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+                                env=self.env, start_new_session=True)
+        forwarders = [_Forwarder(proc.stdout, lambda: sys.stdout, self.tails, self.lock),
+                      _Forwarder(proc.stderr, lambda: sys.stderr, self.tails, self.lock)]
+        for f in forwarders:
+            f.start()
+        failed_at = None
+        killed_at = None
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if failed_at is None and rank_shim.read_statuses(self.status_dir):
+                    failed_at = now
+                if failed_at is not None and killed_at is None and now - failed_at > self.grace:
+                    # mpiexec did not end the other ranks in time: do it ourselves.
+                    self.enforced = True
+                    killed_at = now
+                    kill_group(proc, signal.SIGTERM)
+                if self.deadline is not None and now > self.deadline and killed_at is None:
+                    self.timed_out = True
+                    killed_at = now
+                    kill_group(proc, signal.SIGTERM)
+                if killed_at is not None and now - killed_at > KILL_GRACE_S:
+                    kill_group(proc, signal.SIGKILL)
+        except BaseException:
+            kill_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_group(proc, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            # Nothing of this attempt may outlive it (orphaned proxies or ranks).
+            kill_group(proc, signal.SIGKILL)
+            for f in forwarders:
+                f.join(timeout=5.0)
+        records = rank_shim.read_statuses(self.status_dir)
+        # Wall-clock time from the first rank's failure until everything ended.
+        elapsed = max(0.0, time.time() - records[0].get("time", time.time())) if records else 0.0
+        return proc.returncode, records, elapsed, self.tails

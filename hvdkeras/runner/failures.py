@@ -1,0 +1,73 @@
+"""Naming the rank that failed first, from the ranks' status records. Pure.
+
+What may import this module: the rest of `hvdkeras.runner` and
+`hvdkeras.spark` (standard library only).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import Callable
+
+from hvdkeras.runner.rank_shim import TAIL_LINES
+
+
+def describe_failure(record: dict) -> str:
+    """"rank R [on HOST] exited with code C" or "... was killed by signal S"."""
+    where = f" on {record['host']}" if record.get("host") else ""
+    if record.get("signal"):
+        return f"rank {record['rank']}{where} was killed by signal {record['signal']}"
+    return f"rank {record['rank']}{where} exited with code {record.get('exit_code')}"
+
+
+# How a rank's collective fails after *another* rank shut the engine down or
+# exited: such a rank is a casualty, not the cause.
+# See Note [shutdown wording] in ops/core/engine.cc.
+_CASUALTY = re.compile(r"hvdkeras (has been|was) shut down")
+
+
+def is_casualty(text: str) -> bool:
+    """Whether `text` (a rank's last lines or traceback) shows it failed because another rank left."""
+    return bool(_CASUALTY.search(text or ""))
+
+
+def first_failure(records: list[dict], text_of: Callable[[dict], str]) -> list[dict]:
+    """`records` reordered so that the rank that failed first on its own comes first.
+
+    Records are ordered by time, except that ranks whose failure only reports
+    that the engine was shut down by another rank go after the others (a rank
+    exiting with an error can take longer to finish than its peers take to notice).
+    """
+    ordered = sorted(records, key=lambda r: r.get("time", 0.0))
+    return sorted(ordered, key=lambda r: is_casualty(text_of(r)))
+
+
+def failure_report(records: list[dict], mpiexec_code: int, tails: dict) -> tuple[str, int]:
+    """(message, exit code) for a failed attempt from the ranks' status records.
+
+    Pure. The earliest record names the rank that failed first; without any
+    (a rank on another host, a shim that was killed) mpiexec's code is used.
+    """
+    if records:
+        records = first_failure(records, lambda r: "\n".join(r.get("last_lines") or []))
+        first = records[0]
+        lines = first.get("last_lines") or list(tails.get(str(first["rank"]), []))
+        code = first.get("exit_code")
+        if code is None or code == 0:
+            try:
+                code = 128 + signal.Signals[first.get("signal") or ""].value
+            except KeyError:
+                code = 1
+        message = describe_failure(first)
+        others = [str(r["rank"]) for r in records[1:]]
+        if others:
+            message += f" (then rank{'s' if len(others) > 1 else ''} {', '.join(others)} failed too)"
+    else:
+        code = mpiexec_code if mpiexec_code > 0 else (128 - mpiexec_code if mpiexec_code < 0 else 1)
+        message = f"mpiexec exited with code {mpiexec_code} and no rank reported a failure"
+        lines = list(tails.get("mpiexec", []))
+    if lines:
+        who = f"rank {records[0]['rank']}" if records else "mpiexec"
+        message += f"\nlast lines of {who}:\n" + "\n".join(f"    {line}" for line in lines[-TAIL_LINES:])
+    return message, code

@@ -1,0 +1,70 @@
+"""Atomic file writes: checkpoints and their JSON state, written under a
+temporary name in the same directory, flushed and renamed, so a reader sees
+the previous file or the new one, never half of one.
+
+What may import this module: the rest of `hvdkeras.training`, the callbacks
+and the top-level package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from hvdkeras.training.checkpoint_naming import temporary_name
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(temporary: str, path: str) -> None:
+    """fsyncs `temporary`, renames it onto `path`, fsyncs the directory."""
+    with open(temporary, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    _fsync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def save_model_atomic(model: Any, path: str) -> None:
+    """`model.save(path)` that never leaves a partial file at `path`.
+
+    The model is written to a temporary file in the same directory (same
+    filesystem, same `.keras` suffix), flushed to disk and renamed onto
+    `path`: a reader sees the previous file or the new one, never half of one.
+
+    Args:
+        model: The Keras model to save (with its optimizer state).
+        path: The final `.keras` path.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(directory, temporary_name(name, str(os.getpid())))
+    try:
+        model.save(temporary)
+        _publish(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Writes `data` as JSON to `path` through a temporary file and a rename."""
+    directory, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(directory, temporary_name(name, str(os.getpid())))
+    try:
+        with open(temporary, "w") as f:
+            json.dump(data, f)
+        _publish(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise

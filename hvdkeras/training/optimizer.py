@@ -1,0 +1,233 @@
+"""`DistributedOptimizer`: any Keras 3 optimizer, with gradients averaged
+across ranks at the top of `apply`.
+
+Keras 3 funnels every update through `Optimizer.apply` (`apply_gradients`,
+`model.fit`, `LossScaleOptimizer` and custom loops all call it), and `apply`
+itself then unscales, clips, decays weights, updates and tracks the EMA. Reducing
+there means all of these see the averaged gradients, exactly as one process
+would on the global batch.
+
+The optimizer is converted in place into a dynamically created subclass of its
+own class that keeps the class's name and module: a `.keras` file records the
+plain optimizer and loads without hvdkeras.
+
+What may import this module: `hvdkeras.callbacks`, the recipes' training code
+and the top-level package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Union
+
+import keras
+import tensorflow as tf
+
+from hvdkeras import compat
+from hvdkeras.engine.types import Average
+from hvdkeras.training import guards
+from hvdkeras.training.compression import Compression, Compressor
+from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
+from hvdkeras.training.local_accumulation import LocalGradientAccumulator
+
+
+class _DistributedOptimizerMixin:
+    """Methods placed in front of the user's optimizer class."""
+
+    _hvdkeras_reduction: ReductionSettings
+    _hvdkeras_accumulator: Optional[LocalGradientAccumulator]
+
+    def build(self, variables):
+        guards.check_not_inside_loss_scale_optimizer(self)
+        super().build(variables)
+        accumulator = self._hvdkeras_accumulator
+        if accumulator is not None and not accumulator.built:
+            accumulator.build(list(variables))
+
+    def apply(self, grads, trainable_variables=None):
+        guards.check_not_inside_loss_scale_optimizer(self)
+        grads = list(grads)
+        if not grads:
+            return super().apply(grads, trainable_variables)
+        guards.check_not_in_xla()
+        variables = None if trainable_variables is None else list(trainable_variables)
+        if self._hvdkeras_accumulator is not None:
+            return self._hvdkeras_apply_accumulated(grads, variables)
+        reduced = reduce_gradients(grads, self._hvdkeras_reduction,
+                                   variables if variables is not None
+                                   else compat.optimizer_variables_built_for(self))
+        return super().apply(reduced, variables)
+
+    def _hvdkeras_apply_accumulated(self, grads, variables):
+        if not self.built:
+            if variables is None:
+                raise ValueError(
+                    "The optimizer is not built: pass trainable_variables to apply() or call "
+                    "optimizer.build(model.trainable_variables) first."
+                )
+            self.build(variables)
+        if variables is None:
+            variables = compat.optimizer_variables_built_for(self)
+        accumulator = self._hvdkeras_accumulator
+        if not accumulator.built:
+            accumulator.build(compat.optimizer_variables_built_for(self))
+        positions = [accumulator.position(v) for v in variables]
+        window_complete = accumulator.add(grads, positions)
+        present = [k for k, g in enumerate(grads) if g is not None]
+        base_apply = super().apply
+        settings = self._hvdkeras_reduction
+
+        def update():
+            summed = accumulator.values([positions[k] for k in present])
+            full = [None] * len(grads)
+            for k, value in zip(present, summed):
+                full[k] = value
+            base_apply(reduce_gradients(full, settings, variables), variables)
+            accumulator.reset([positions[k] for k in present])
+            return None
+
+        tf.cond(window_complete, update, lambda: None)
+
+
+_DISTRIBUTED_CLASSES: Dict[type, type] = {}
+
+
+def _distributed_class(base: type) -> type:
+    derived = _DISTRIBUTED_CLASSES.get(base)
+    if derived is None:
+        derived = type(base.__name__, (_DistributedOptimizerMixin, base), {
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__,
+        })
+        compat.keep_registered_name(base, derived)
+        _DISTRIBUTED_CLASSES[base] = derived
+    return derived
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
+    return isinstance(optimizer, _DistributedOptimizerMixin)
+
+
+def check_model_optimizer_nesting(model: Any) -> None:
+    """Raises ValueError, before any step runs, when a compiled model's
+    optimizer is a LossScaleOptimizer around a distributed optimizer."""
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if (optimizer is not None and isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            and not is_distributed(optimizer) and inner is not None and is_distributed(inner)):
+        raise ValueError(guards.NESTING_MESSAGE)
+
+
+def _check_arguments(backward_passes_per_step: int, average_aggregated_gradients: bool) -> None:
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(
+            f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}."
+        )
+    if not isinstance(average_aggregated_gradients, bool):
+        raise TypeError(
+            f"average_aggregated_gradients must be True or False, got {average_aggregated_gradients!r}."
+        )
+
+
+def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
+                         name: Optional[str] = None,
+                         compression: Compressor = Compression.none,
+                         sparse_as_dense: bool = False,
+                         backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False,
+                         gradient_predivide_factor: float = 1.0,
+                         op: int = Average,
+                         num_groups: int = 0,
+                         groups: Optional[Sequence[Sequence[Any]]] = None) -> keras.optimizers.Optimizer:
+    """Makes a Keras 3 optimizer average gradients across all ranks.
+
+    Gradients are reduced at the top of `Optimizer.apply`, before the
+    optimizer unscales, clips (`clipnorm`, `global_clipnorm`, `clipvalue`),
+    applies weight decay, updates and tracks its EMA, so N ranks with batch B
+    train like one process with batch N*B.
+
+    The optimizer is converted in place (its state is kept) and returned;
+    always use the returned object, which is a new one in one case: under
+    the `"mixed_float16"` policy a plain optimizer is first wrapped in a
+    `keras.optimizers.LossScaleOptimizer`, so that the loss-scale decision is
+    taken on the averaged gradients, identically on every rank (`compile()`
+    then keeps it as is). The reverse nesting, a LossScaleOptimizer around a
+    distributed optimizer, raises an error when it is built or applied.
+
+    Saving: a `.keras` file records the plain optimizer (e.g. `Adam`) and
+    its state; load it with or without hvdkeras and wrap
+    `model.optimizer` again to keep training on several ranks.
+
+    Args:
+        optimizer: A `keras.optimizers.Optimizer` (built-in, user subclass or
+            LossScaleOptimizer), or a name such as `"adam"`.
+        name: Prefix of the collective names; defaults to the optimizer's
+            name. It must be the same on every rank.
+        compression: `hvdkeras.Compression.none`, `.fp16` or `.bf16`: the
+            dtype gradients travel in.
+        sparse_as_dense: Densify `tf.IndexedSlices` gradients (`Embedding`)
+            so they are fused with the dense ones; otherwise they are
+            reduced in a collective of their own.
+        backward_passes_per_step: Accumulate gradients locally over this many
+            calls and reduce and apply once, on the last one. The calls in
+            between change only the accumulators: `optimizer.iterations`
+            counts updates, not passes.
+        average_aggregated_gradients: With `backward_passes_per_step` > 1,
+            divide the accumulated sum by the number of passes (one update
+            then equals one update on the concatenated batches).
+        gradient_predivide_factor: Average as a sum of gradients multiplied
+            by 1/f before and f/size after the reduction (Average only).
+        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
+        num_groups: Split the gradients into this many contiguous groups,
+            one fused collective each (0: one collective for all).
+        groups: Explicit groups as lists of variables (e.g. per layer); the
+            variables not listed form one more group.
+
+    Returns:
+        The distributed optimizer.
+
+    Example:
+
+    ```python
+    import hvdkeras as hvd
+    hvd.init()
+    opt = keras.optimizers.Adam(hvd.scale_lr(1e-3), global_clipnorm=1.0)
+    opt = hvd.DistributedOptimizer(opt)
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    ```
+    """
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "hvdkeras.DistributedOptimizer needs a Keras 3 optimizer (keras.optimizers.*), got "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}. tf.keras (Keras 2) "
+            "optimizers are not supported: import keras and use keras.optimizers."
+        )
+    if is_distributed(optimizer):
+        raise ValueError(
+            f"Optimizer {optimizer.name!r} is already distributed; wrap each optimizer once."
+        )
+    lso_class = keras.optimizers.LossScaleOptimizer
+    if isinstance(optimizer, lso_class) and is_distributed(optimizer.inner_optimizer):
+        raise ValueError(guards.NESTING_MESSAGE)
+    _check_arguments(backward_passes_per_step, average_aggregated_gradients)
+    settings = ReductionSettings(
+        op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
+        gradient_predivide_factor=float(gradient_predivide_factor), num_groups=num_groups,
+        groups=None if groups is None else tuple(tuple(g) for g in groups),
+        name=name or f"{optimizer.name}_gradients",
+    )
+    if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(optimizer, lso_class):
+        optimizer = lso_class(optimizer)
+    accumulator = None
+    if backward_passes_per_step > 1:
+        accumulator = LocalGradientAccumulator(backward_passes_per_step,
+                                               average_aggregated_gradients)
+        if optimizer.built:
+            accumulator.build(compat.optimizer_variables_built_for(optimizer))
+    optimizer.__class__ = _distributed_class(type(optimizer))
+    optimizer._hvdkeras_reduction = settings
+    optimizer._hvdkeras_accumulator = accumulator
+    return optimizer

@@ -1,0 +1,109 @@
+#include "core/executor.h"
+
+#include <sstream>
+
+#include "core/fusion_planner.h"
+
+namespace hvdkeras {
+
+namespace {
+
+// The planner must see the same items on every rank, so sizes come from what
+// all ranks agreed (an allgather's own contribution differs per rank).
+FusionItem FusionItemOf(const PendingOp& op, int size) {
+  const Request& r = op.request;
+  FusionItem item;
+  item.bytes = r.TotalBytes();
+  FusionKey& key = item.key;
+  key.op_type = r.op_type;
+  switch (r.op_type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      key.dtype = r.dtypes[0];
+      key.reduce_op = r.reduce_op;
+      key.prescale = r.prescale;
+      key.postscale = r.postscale;
+      break;
+    case OpType::kBroadcast:
+      key.dtype = DataType::kUInt8;  // moves raw bytes
+      key.root_rank = r.root_rank;
+      break;
+    case OpType::kAllgather: {
+      key.dtype = DataType::kUInt8;
+      item.bytes = 0;
+      for (size_t t = 0; t < r.shapes.size(); ++t) {
+        int64_t row_bytes = static_cast<int64_t>(DataTypeSize(r.dtypes[t]));
+        for (size_t d = 1; d < r.shapes[t].size(); ++d) row_bytes *= r.shapes[t][d];
+        for (int rank = 0; rank < size; ++rank) {
+          item.bytes += op.response->sizes[t * size + rank] * row_bytes;
+        }
+      }
+      break;
+    }
+    default:  // alltoall, barrier, join
+      item.fusable = false;
+  }
+  return item;
+}
+
+std::string TensorArgs(const Request& r) {
+  std::ostringstream out;
+  out << "{\"dtype\":\"";
+  for (size_t i = 0; i < r.dtypes.size(); ++i) out << (i ? "," : "") << DataTypeName(r.dtypes[i]);
+  out << "\",\"shape\":\"";
+  for (size_t i = 0; i < r.shapes.size(); ++i) out << (i ? "," : "") << ShapeString(r.shapes[i]);
+  out << "\"}";
+  return out.str();
+}
+
+}  // namespace
+
+Status Executor::Open(const MpiContext* mpi, const EngineConfig& config) {
+  mpi_ = mpi;
+  if (!config.shm_allreduce) return Status::OK();
+  return shm_.Open(mpi->comm(), config.allreduce_chunk_bytes);
+}
+
+void Executor::Close(bool collective) { shm_.Close(collective); }
+
+std::vector<Status> Executor::Execute(const std::vector<PendingOp*>& ready,
+                                      int64_t fusion_threshold, Timeline* timeline) {
+  std::vector<FusionItem> items;
+  items.reserve(ready.size());
+  for (PendingOp* op : ready) items.push_back(FusionItemOf(*op, mpi_->size()));
+  std::vector<Status> statuses(ready.size());
+  for (const std::vector<int>& batch_indices : PlanFusion(items, fusion_threshold)) {
+    std::vector<PendingOp*> batch;
+    for (int i : batch_indices) batch.push_back(ready[i]);
+    if (timeline) {
+      for (PendingOp* op : batch) {
+        timeline->OpStart(op->request.name, op->request.op_type, TensorArgs(op->request));
+      }
+    }
+    const Status s = ExecuteBatch(batch, timeline);
+    if (timeline) {
+      for (PendingOp* op : batch) timeline->OpEnd(op->request.name);
+    }
+    for (int i : batch_indices) statuses[i] = s;
+  }
+  return statuses;
+}
+
+Status Executor::ExecuteBatch(const std::vector<PendingOp*>& batch, Timeline* timeline) {
+  ExecContext ctx{*mpi_, fusion_buffer_, timeline, &output_blocks_,
+                  shm_.active() ? &shm_ : nullptr};
+  switch (batch[0]->request.op_type) {
+    case OpType::kAllreduce: return RunAllreduce(ctx, batch);
+    case OpType::kBroadcast: return RunBroadcast(ctx, batch);
+    case OpType::kAllgather: return RunAllgather(ctx, batch);
+    case OpType::kAlltoall: return RunAlltoall(ctx, batch[0]);
+    case OpType::kReducescatter: return RunReducescatter(ctx, batch);
+    case OpType::kBarrier: return Status::OK();  // agreement itself was the barrier
+    case OpType::kJoin:
+      if (batch[0]->join_result) *batch[0]->join_result = batch[0]->response->last_joined_rank;
+      return Status::OK();
+  }
+  return Status::Error(StatusCode::kUnknown, "unknown op type");
+}
+
+}  // namespace hvdkeras

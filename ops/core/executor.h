@@ -1,0 +1,45 @@
+// Execution of what the ranks agreed on: the fusion plan of a cycle's ready
+// ops and the dispatch of each batch to its collective. Owns the memory the
+// collectives work in: the fusion buffer, the pool of blocks that fused
+// allreduce results are handed out in (see Note [fused outputs] in
+// block_pool.h), and the shared-memory window.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/block_pool.h"
+#include "core/collectives.h"
+#include "core/engine_settings.h"
+#include "core/mpi_context.h"
+#include "core/pending_op.h"
+#include "core/shm_allreduce.h"
+#include "core/timeline.h"
+
+namespace hvdkeras {
+
+class Executor {
+ public:
+  // Collective (the shared-memory window is made by all ranks together).
+  Status Open(const MpiContext* mpi, const EngineConfig& config);
+  // `collective` false only forgets the window (after a failure, when the
+  // other ranks may not get here).
+  void Close(bool collective);
+
+  // Runs `ready` in order, fused into batches of at most `fusion_threshold`
+  // bytes; returns one status per op. `timeline` is null unless tracing.
+  std::vector<Status> Execute(const std::vector<PendingOp*>& ready, int64_t fusion_threshold,
+                              Timeline* timeline);
+
+ private:
+  Status ExecuteBatch(const std::vector<PendingOp*>& batch, Timeline* timeline);
+
+  const MpiContext* mpi_ = nullptr;
+  FusionBuffer fusion_buffer_;
+  // Fused allreduce results handed out as outputs; up to 256 MiB of released
+  // blocks are kept for the next steps.
+  BlockPool output_blocks_{int64_t{256} << 20};
+  ShmAllreduce shm_;
+};
+
+}  // namespace hvdkeras

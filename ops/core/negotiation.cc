@@ -1,0 +1,350 @@
+#include "core/negotiation.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "core/scaling.h"
+
+namespace hvdkeras {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Note [inverted status bits]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Word 0 of the fast path's vector holds status bits stored inverted
+// (1 = "no"), so that the bitwise AND across ranks answers "does any rank
+// ...". Every rank starts from all of them set and clears the ones that are
+// true for it; a bit only rank 0 can clear ("only rank 0") still starts set
+// on the others.
+constexpr uint64_t kNoUnsentRequests = 1;
+constexpr uint64_t kNoShutdownRequest = 2;
+constexpr uint64_t kNoJoinedRank = 4;
+constexpr uint64_t kNoTimeline = 8;          // only rank 0
+constexpr uint64_t kNoCoordinatorNews = 16;  // only rank 0
+constexpr uint64_t kNoParamUpdate = 32;      // only rank 0
+constexpr uint64_t kAllStatusBits = kNoUnsentRequests | kNoShutdownRequest | kNoJoinedRank |
+                                    kNoTimeline | kNoCoordinatorNews | kNoParamUpdate;
+
+// Waits for a nonblocking MPI request without hogging a core: spin briefly
+// (the common case: the other ranks are already there), then yield, then
+// sleep for a small fraction of the time waited so far.
+Status WaitPolitely(MPI_Request* request) {
+  const auto start = Clock::now();
+  int done = 0;
+  while (true) {
+    int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return Status::Error(StatusCode::kUnknown, "MPI_Test failed");
+    if (done) return Status::OK();
+    const auto waited = Clock::now() - start;
+    if (waited < std::chrono::microseconds(50)) continue;
+    if (waited < std::chrono::milliseconds(1)) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(waited / 20, std::chrono::microseconds(500)));
+  }
+}
+
+bool BitSet(const std::vector<uint64_t>& bits, size_t word, size_t bit) {
+  return bits[word + bit / 64] & (uint64_t{1} << (bit % 64));
+}
+
+}  // namespace
+
+void Negotiator::Reset(const MpiContext* mpi, const EngineConfig& config) {
+  mpi_ = mpi;
+  stall_check_seconds_ = config.stall_check_seconds;
+  stall_shutdown_seconds_ = config.stall_shutdown_seconds;
+  cache_ = ResponseCache(static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)));
+  coordinator_.reset(mpi->rank() == 0 ? new Coordinator(mpi->size()) : nullptr);
+  invalid_slots_.clear();
+  stand_ins_.clear();
+  joined_ = false;
+  last_stall_check_ = Clock::now();
+}
+
+void Negotiator::NoteSubmitted(const PendingOp& op) {
+  if (op.request.op_type == OpType::kJoin) joined_ = true;
+}
+
+Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& signals,
+                                Clock::time_point now) {
+  Agreement agreement;
+  Classify(pending, now);
+  // [status | cache hits | cache entries not invalidated], ANDed across ranks.
+  // See Note [inverted status bits].
+  const size_t words = (cache_.num_slots() + 63) / 64;
+  std::vector<uint64_t> bits(1 + 2 * words, 0);
+  const size_t hits = 1, valid = 1 + words;
+  bits[0] = kAllStatusBits;
+  if (signals.shutdown) bits[0] &= ~kNoShutdownRequest;
+  if (joined_) bits[0] &= ~kNoJoinedRank;
+  if (signals.tracing) bits[0] &= ~kNoTimeline;
+  if (coordinator_ && coordinator_->has_ready()) bits[0] &= ~kNoCoordinatorNews;
+  if (signals.params_changed) bits[0] &= ~kNoParamUpdate;
+  for (size_t w = 0; w < words; ++w) bits[valid + w] = ~uint64_t{0};
+  for (const auto& op : pending.all()) {
+    if (op->sent) continue;
+    if (op->cache_slot >= 0) {
+      bits[hits + op->cache_slot / 64] |= uint64_t{1} << (op->cache_slot % 64);
+    } else {
+      bits[0] &= ~kNoUnsentRequests;
+    }
+  }
+  for (uint64_t slot : invalid_slots_) {
+    bits[valid + slot / 64] &= ~(uint64_t{1} << (slot % 64));
+  }
+  MPI_Request request;
+  MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(bits.size()), MPI_UINT64_T, MPI_BAND,
+                 mpi_->comm(), &request);
+  agreement.error = WaitPolitely(&request);
+  if (!agreement.error.ok()) return agreement;
+  if (!(bits[0] & kNoShutdownRequest)) {
+    agreement.shutdown = true;  // every rank leaves its loop here, together
+    return agreement;
+  }
+  agreement.params_update = !(bits[0] & kNoParamUpdate);
+  agreement.tracing = !(bits[0] & kNoTimeline);
+  const bool joined_anywhere = !(bits[0] & kNoJoinedRank);
+
+  // Entries some rank found stale are dropped everywhere; local ops that
+  // announced them go to the coordinator instead. While any rank has joined,
+  // everything goes through the coordinator, which knows who joined.
+  bool any_invalidated = false;
+  for (size_t slot = 0; slot < words * 64; ++slot) {
+    if (BitSet(bits, valid, slot)) continue;
+    any_invalidated = true;
+    bits[hits + slot / 64] &= ~(uint64_t{1} << (slot % 64));
+    if (slot < cache_.num_slots()) cache_.Erase(static_cast<int>(slot));
+  }
+  std::vector<std::pair<int, PendingOp*>> by_slot;  // cache hits in slot order
+  for (const auto& op : pending.all()) {
+    if (op->sent || op->cache_slot < 0) continue;
+    if (joined_anywhere || cache_.Lookup(op->request.name) != op->cache_slot) {
+      op->cache_slot = -1;
+    } else {
+      by_slot.emplace_back(op->cache_slot, op.get());
+    }
+  }
+  std::sort(by_slot.begin(), by_slot.end());
+  for (const auto& [slot, op] : by_slot) {
+    if (BitSet(bits, hits, static_cast<size_t>(slot))) {
+      op->response = cache_.SharedResponse(slot);
+      agreement.ready.push_back(op);
+    }
+  }
+  agreement.cached_count = agreement.ready.size();
+
+  if (!(bits[0] & kNoUnsentRequests) || !(bits[0] & kNoCoordinatorNews) || any_invalidated ||
+      joined_anywhere) {
+    SlowPath(pending, joined_anywhere, &agreement);
+  }
+
+  // See Note [identical response caches]: touch what hit, then add what the
+  // coordinator approved, both in execution order. Nothing is added while a
+  // rank has joined (its stand-ins have no requests of their own).
+  if (!joined_anywhere) {
+    for (size_t i = 0; i < agreement.ready.size(); ++i) {
+      PendingOp* op = agreement.ready[i];
+      if (i < agreement.cached_count) {
+        cache_.Touch(op->cache_slot);
+      } else if (op->request.op_type != OpType::kJoin) {
+        cache_.Put(op->request, op->response);
+      }
+    }
+  }
+  return agreement;
+}
+
+void Negotiator::Classify(const PendingOps& pending, Clock::time_point now) {
+  invalid_slots_.clear();
+  // An op that waits on the fast path for long is moved to the coordinator,
+  // which is the only place that can tell which ranks are missing.
+  double demote_after = 0.0;
+  for (double limit : {stall_check_seconds_, stall_shutdown_seconds_}) {
+    if (limit > 0) demote_after = demote_after > 0 ? std::min(demote_after, limit) : limit;
+  }
+  demote_after *= 0.25;
+  for (const auto& op : pending.all()) {
+    if (op->sent) continue;
+    op->cache_slot = -1;
+    if (joined_ || op->request.op_type == OpType::kJoin) continue;
+    const int slot = cache_.Lookup(op->request.name);
+    if (slot < 0) continue;
+    const double waited = std::chrono::duration<double>(now - op->enqueued).count();
+    if (!cache_.Signature(slot).SameSignature(op->request) ||
+        (demote_after > 0 && waited > demote_after)) {
+      invalid_slots_.push_back(static_cast<uint64_t>(slot));
+    } else {
+      op->cache_slot = slot;
+    }
+  }
+}
+
+void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
+                          Agreement* agreement) {
+  const auto now = Clock::now();
+  std::vector<Request> mine;
+  for (const auto& op : pending.all()) {
+    if (op->sent || op->cache_slot >= 0) continue;
+    op->sent = true;
+    op->request.age_seconds = std::chrono::duration<double>(now - op->enqueued).count();
+    mine.push_back(op->request);
+  }
+  const std::string encoded = EncodeRequests(mine);
+  const int size = mpi_->size();
+  const bool root = mpi_->rank() == 0;
+  int my_bytes = static_cast<int>(encoded.size());
+  std::vector<int> counts(root ? size : 0);
+  MPI_Gather(&my_bytes, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, mpi_->comm());
+  std::vector<int> displs(counts.size(), 0);
+  std::vector<char> gathered;
+  if (root) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[r] = total;
+      total += counts[r];
+    }
+    gathered.resize(std::max(total, 1));
+  }
+  MPI_Gatherv(encoded.data(), my_bytes, MPI_BYTE, gathered.data(), counts.data(), displs.data(),
+              MPI_BYTE, 0, mpi_->comm());
+
+  std::string reply;
+  if (coordinator_) {
+    for (int r = 0; r < size; ++r) {
+      std::vector<Request> requests;
+      DecodeRequests(gathered.data() + displs[r], counts[r], &requests);
+      for (const Request& q : requests) coordinator_->Add(q, now);
+    }
+    reply = EncodeResponses(coordinator_->TakeReady());
+  }
+  int reply_bytes = static_cast<int>(reply.size());
+  MPI_Bcast(&reply_bytes, 1, MPI_INT, 0, mpi_->comm());
+  reply.resize(reply_bytes);
+  MPI_Bcast(reply.data(), reply_bytes, MPI_BYTE, 0, mpi_->comm());
+
+  std::vector<Response> responses;
+  DecodeResponses(reply.data(), reply.size(), &responses);
+  for (Response& response : responses) {
+    PendingOp* op = pending.Find(response.name);
+    if (response.kind == Response::Kind::kError) {
+      if (op) {
+        agreement->failed.emplace_back(
+            op, Status::Error(StatusCode::kPreconditionError, response.error));
+      }
+      continue;
+    }
+    if (response.agreed.op_type == OpType::kJoin) joined_ = false;
+    if (!op && joined_anywhere) op = StandIn(response);
+    if (!op) continue;
+    op->response = std::make_shared<const Response>(std::move(response));
+    agreement->ready.push_back(op);
+  }
+}
+
+PendingOp* Negotiator::StandIn(const Response& response) {
+  // This rank has joined: take part with a neutral contribution (no rows for
+  // gathers, zeros for sums, the identity for min/max/product) and discard
+  // the result.
+  auto op = std::make_unique<PendingOp>();
+  op->request = response.agreed;
+  op->request.rank = mpi_->rank();
+  const OpType type = response.agreed.op_type;
+  for (size_t t = 0; t < response.agreed.shapes.size(); ++t) {
+    TensorRef ref;
+    ref.dtype = response.agreed.dtypes[t];
+    ref.shape = response.agreed.shapes[t];
+    if (type == OpType::kAllgather || type == OpType::kAlltoall) ref.shape[0] = 0;
+    const int64_t bytes = NumElements(ref.shape) * static_cast<int64_t>(DataTypeSize(ref.dtype));
+    op->scratch.emplace_back(std::max<int64_t>(bytes, 1));
+    FillNeutral(ref.dtype, response.agreed.reduce_op, op->scratch.back().data(),
+                NumElements(ref.shape));
+    ref.input = op->scratch.back().data();
+    ref.output = op->scratch.back().data();
+    PendingOp* owner = op.get();
+    ref.allocate_output = [owner](const Shape& shape, void** data) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      owner->scratch.emplace_back(std::max<int64_t>(n * 8, 1));
+      *data = owner->scratch.back().data();
+      return Status::OK();
+    };
+    op->tensors.push_back(std::move(ref));
+  }
+  if (type == OpType::kAlltoall) op->request.splits.assign(mpi_->size(), 0);
+  stand_ins_.push_back(std::move(op));
+  return stand_ins_.back().get();
+}
+
+void Negotiator::RecordTimeline(const Agreement& agreement, Timeline* timeline) {
+  if (!agreement.tracing) return;
+  // Rank 0 learns when every rank became ready: from the coordinator for
+  // negotiated ops, from one gather of wait times for cached ones.
+  const std::vector<PendingOp*>& ready = agreement.ready;
+  const size_t cached_count = agreement.cached_count;
+  const int size = mpi_->size();
+  const auto now = Clock::now();
+  std::vector<double> ages(cached_count);
+  for (size_t i = 0; i < cached_count; ++i) {
+    ages[i] = std::chrono::duration<double>(now - ready[i]->enqueued).count();
+  }
+  std::vector<double> all_ages(mpi_->rank() == 0 ? cached_count * size : 0);
+  if (cached_count > 0) {
+    MPI_Gather(ages.data(), static_cast<int>(cached_count), MPI_DOUBLE, all_ages.data(),
+               static_cast<int>(cached_count), MPI_DOUBLE, 0, mpi_->comm());
+  }
+  if (!timeline->active()) return;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    const Request& r = ready[i]->request;
+    std::vector<Clock::time_point> times(size, now);
+    if (i < cached_count) {
+      for (int rank = 0; rank < size; ++rank) {
+        times[rank] = now - std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(all_ages[rank * cached_count + i]));
+      }
+    } else {
+      auto it = coordinator_->ready_times().find(r.name);
+      if (it != coordinator_->ready_times().end()) times = it->second;
+    }
+    Clock::time_point first = now;
+    for (int rank = 0; rank < size; ++rank) {
+      if (times[rank] != Clock::time_point()) first = std::min(first, times[rank]);
+    }
+    timeline->NegotiateStart(r.name, r.op_type, first);
+    for (int rank = 0; rank < size; ++rank) {
+      if (times[rank] != Clock::time_point()) timeline->RankReady(r.name, rank, times[rank]);
+    }
+    timeline->NegotiateEnd(r.name, now);
+  }
+}
+
+void Negotiator::InspectStalls(Clock::time_point now) {
+  if (!coordinator_) return;
+  if (now - last_stall_check_ < std::chrono::milliseconds(200)) return;
+  last_stall_check_ = now;
+  if (stall_check_seconds_ > 0) {
+    for (const Stall& stall : coordinator_->FindStalls(now, stall_check_seconds_)) {
+      std::ostringstream missing, submitted;
+      for (size_t i = 0; i < stall.missing.size(); ++i) missing << (i ? ", " : "") << stall.missing[i];
+      for (size_t i = 0; i < stall.submitted.size(); ++i) {
+        submitted << (i ? ", " : "") << stall.submitted[i];
+      }
+      std::fprintf(stderr,
+                   "hvdkeras: WARNING: collective '%s' has waited %.1f s: rank(s) %s have not "
+                   "submitted it (rank(s) %s have). One rank may be running different "
+                   "collectives or fewer steps than the others.\n",
+                   stall.name.c_str(), stall.seconds, missing.str().c_str(),
+                   submitted.str().c_str());
+    }
+  }
+  if (stall_shutdown_seconds_ > 0) coordinator_->FailStalled(now, stall_shutdown_seconds_);
+}
+
+}  // namespace hvdkeras

@@ -1,0 +1,86 @@
+// Negotiation: every cycle the ranks agree which submitted ops are ready on
+// all of them, and in which order they run.
+//
+// Fast path: one bitwise-AND allreduce over a vector of status bits and one
+// bit per response-cache entry (see Note [identical response caches] in
+// response_cache.h). Slow path, for new or changed requests: each rank
+// sends its requests to rank 0, whose Coordinator checks that the ranks
+// agree and answers with responses every rank then executes in the same
+// order. Rank 0 also inspects stalls here, since only the coordinator knows
+// which ranks are missing.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/coordinator.h"
+#include "core/engine_settings.h"
+#include "core/mpi_context.h"
+#include "core/pending_op.h"
+#include "core/response_cache.h"
+#include "core/timeline.h"
+
+namespace hvdkeras {
+
+// What this rank brings to a cycle besides its ops.
+struct CycleSignals {
+  bool shutdown = false;        // this rank wants to stop
+  bool tracing = false;         // this rank records a timeline (rank 0 only)
+  bool params_changed = false;  // this rank has new tuning values (rank 0 only)
+};
+
+// What all ranks agreed on in a cycle.
+struct Agreement {
+  Status error;                 // the negotiation itself failed (MPI)
+  bool shutdown = false;        // some rank wants to stop: every rank leaves now
+  bool params_update = false;   // rank 0 hands out new tuning values this cycle
+  bool tracing = false;         // rank 0 records this cycle's negotiation
+  std::vector<PendingOp*> ready;  // to execute, in this order on every rank
+  size_t cached_count = 0;        // ready[0, cached_count) came from the cache
+  std::vector<std::pair<PendingOp*, Status>> failed;  // the ranks disagreed
+};
+
+class Negotiator {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Forgets everything (engine start). `mpi` must outlive the negotiator's use.
+  void Reset(const MpiContext* mpi, const EngineConfig& config);
+
+  // Records a newly submitted op (join changes how this rank negotiates).
+  void NoteSubmitted(const PendingOp& op);
+
+  // One round: decides what is ready everywhere, updates the response cache
+  // in the agreed order and returns the agreement. Collective.
+  Agreement Negotiate(const PendingOps& pending, const CycleSignals& signals,
+                      Clock::time_point now);
+
+  // Rank 0 learns when every rank became ready for the agreed ops and puts
+  // it on the timeline. Collective when the agreement says tracing.
+  void RecordTimeline(const Agreement& agreement, Timeline* timeline);
+
+  // Drops the stand-ins made for a joined rank this cycle (after execution).
+  void ClearStandIns() { stand_ins_.clear(); }
+
+  // Rank 0: warns about, or fails, ops some ranks never submitted.
+  void InspectStalls(Clock::time_point now);
+
+ private:
+  void Classify(const PendingOps& pending, Clock::time_point now);
+  void SlowPath(const PendingOps& pending, bool joined_anywhere, Agreement* agreement);
+  PendingOp* StandIn(const Response& response);
+
+  const MpiContext* mpi_ = nullptr;
+  double stall_check_seconds_ = 0.0;
+  double stall_shutdown_seconds_ = 0.0;
+  ResponseCache cache_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::vector<uint64_t> invalid_slots_;       // this cycle's local invalidations
+  std::vector<std::unique_ptr<PendingOp>> stand_ins_;  // a joined rank's neutral ops
+  bool joined_ = false;                                // this rank called join()
+  Clock::time_point last_stall_check_;
+};
+
+}  // namespace hvdkeras

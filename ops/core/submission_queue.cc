@@ -1,0 +1,101 @@
+#include "core/submission_queue.h"
+
+#include <chrono>
+
+namespace hvdkeras {
+
+void SubmissionQueue::Open(int rank, const std::string& timeline_path,
+                           bool timeline_mark_cycles) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rank_ = rank;
+  incoming_.clear();
+  in_flight_.clear();
+  shutdown_requested_ = false;
+  timeline_requested_ = !timeline_path.empty();
+  timeline_path_ = timeline_path;
+  timeline_mark_cycles_ = timeline_mark_cycles;
+  state_ = State::kRunning;
+}
+
+bool SubmissionQueue::running() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kRunning;
+}
+
+Status SubmissionQueue::Submit(std::unique_ptr<PendingOp> op) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::string& name = op->request.name;
+  if (state_ == State::kNeverStarted) {
+    return Status::Error(StatusCode::kPreconditionError,
+                         "hvdkeras has not been initialized: call hvdkeras.init() before "
+                         "running collective '" + name + "'.");
+  }
+  if (state_ == State::kStopped || shutdown_requested_) {
+    // See Note [shutdown wording].
+    return Status::Error(StatusCode::kPreconditionError,
+                         "hvdkeras has been shut down, so collective '" + name +
+                             "' cannot run. Call hvdkeras.init() again to restart it.");
+  }
+  if (!in_flight_.insert(name).second) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "A collective named '" + name + "' is already in flight on rank " +
+                             std::to_string(rank_) +
+                             ": concurrent collectives need distinct names.");
+  }
+  op->request.rank = rank_;
+  op->enqueued = std::chrono::steady_clock::now();
+  incoming_.push_back(std::move(op));
+  const bool wake = engine_asleep_;
+  engine_asleep_ = false;
+  lock.unlock();  // the woken engine thread can take the lock at once
+  if (wake) cv_.notify_one();
+  return Status::OK();
+}
+
+void SubmissionQueue::RequestShutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_requested_ = true;
+  cv_.notify_all();
+}
+
+void SubmissionQueue::RequestTimeline(const std::string& path, bool mark_cycles) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeline_requested_ = true;
+  timeline_path_ = path;
+  timeline_mark_cycles_ = mark_cycles;
+}
+
+SubmissionQueue::Taken SubmissionQueue::Take(bool may_wait, double wait_ms) {
+  Taken taken;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (may_wait && incoming_.empty() && !shutdown_requested_) {
+    engine_asleep_ = true;
+    cv_.wait_for(lock, std::chrono::duration<double, std::milli>(wait_ms));
+    engine_asleep_ = false;
+  }
+  taken.ops.swap(incoming_);
+  taken.shutdown = shutdown_requested_;
+  if (timeline_requested_) {
+    timeline_requested_ = false;
+    taken.timeline_requested = true;
+    taken.timeline_path = timeline_path_;
+    taken.timeline_mark_cycles = timeline_mark_cycles_;
+  }
+  return taken;
+}
+
+void SubmissionQueue::Release(const std::vector<PendingOp*>& finished) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (PendingOp* op : finished) in_flight_.erase(op->request.name);
+}
+
+std::vector<std::unique_ptr<PendingOp>> SubmissionQueue::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = State::kStopped;
+  in_flight_.clear();
+  std::vector<std::unique_ptr<PendingOp>> leftovers;
+  leftovers.swap(incoming_);
+  return leftovers;
+}
+
+}  // namespace hvdkeras

@@ -1,0 +1,67 @@
+// The hand-over between the framework's threads, which submit ops, and the
+// engine's thread, which takes them at the start of each cycle. This is the
+// only state of the engine that more than one thread touches; one mutex
+// guards all of it.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "core/pending_op.h"
+
+namespace hvdkeras {
+
+class SubmissionQueue {
+ public:
+  // What the engine's thread takes at the start of a cycle.
+  struct Taken {
+    std::vector<std::unique_ptr<PendingOp>> ops;  // in submission order
+    bool shutdown = false;                         // this rank asked to stop
+    bool timeline_requested = false;               // start (path set) or stop tracing
+    std::string timeline_path;
+    bool timeline_mark_cycles = false;
+  };
+
+  // Accepts submissions from now on (engine start). `rank` is stamped on
+  // every request; a non-empty `timeline_path` is handed over as a first
+  // timeline request.
+  void Open(int rank, const std::string& timeline_path, bool timeline_mark_cycles);
+  bool running();
+
+  // Framework threads. Fails (without taking the op) before Open, after a
+  // shutdown, or while an op of the same name is in flight.
+  Status Submit(std::unique_ptr<PendingOp> op);
+  void RequestShutdown();
+  void RequestTimeline(const std::string& path, bool mark_cycles);
+
+  // Engine thread. With `may_wait`, sleeps up to `wait_ms` unless something
+  // is already queued; the first op submitted while it sleeps wakes it.
+  Taken Take(bool may_wait, double wait_ms);
+  // The names of these finished ops may be submitted again.
+  void Release(const std::vector<PendingOp*>& finished);
+  // Refuses submissions from now on; returns the ops never taken.
+  std::vector<std::unique_ptr<PendingOp>> Close();
+
+ private:
+  enum class State { kNeverStarted, kRunning, kStopped };
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kNeverStarted;
+  int rank_ = 0;
+  bool shutdown_requested_ = false;
+  // True while the engine thread sleeps and nobody has woken it yet: only
+  // the first op queued in that time signals (a wake-up is a syscall).
+  bool engine_asleep_ = false;
+  std::vector<std::unique_ptr<PendingOp>> incoming_;
+  std::unordered_set<std::string> in_flight_;
+  bool timeline_requested_ = false;
+  std::string timeline_path_;
+  bool timeline_mark_cycles_ = false;
+};
+
+}  // namespace hvdkeras
