@@ -24,12 +24,16 @@ def test_benchmark_prints_every_case(extra):
     result = run_under_mpi(2, [str(SCRIPT), "--sizes", "4KB,256KB", "--scale", "0.05",
                                "--repeat", "1", *extra], timeout=TIMEOUT)
     assert result.returncode == 0, describe(result)
-    rows = [line.split() for line in result.stdout.splitlines()
-            if line.strip().startswith(("4KB", "256KB"))]
+    def table(out: str) -> list:
+        return [line.split() for line in out.splitlines()
+                if line.strip().startswith(("4KB", "256KB"))]
+
+    rows = table(result.ranks[0].stdout)
+    assert table(result.ranks[1].stdout) == [], result.stdout  # rank 0 alone prints
     for size in ("4KB", "256KB"):
         for case in CASES:
             matching = [r for r in rows if r[0] == size and " ".join(r[1:]).startswith(case)]
-            assert len(matching) == 1, (size, case, result.stdout)  # rank 0 alone prints
+            assert len(matching) == 1, (size, case, result.stdout)
     # Every timing is a positive number of milliseconds.
     for row in rows:
         median_ms = float(row[-5] if row[1] != "raw" else row[-3])

@@ -1,7 +1,8 @@
 """Runs each tests/parallel/ file under mpiexec with 1, 2 and 3 ranks.
 
 Every rank runs the same pytest session (so collectives line up across
-ranks) with -x: a rank whose test fails exits, its shutdown stops the engine
+ranks) and reports its outcome in a file of its own (see Note [one file per
+rank] in mpi_runner.py); each session runs with -x: a rank whose test fails exits, its shutdown stops the engine
 on the other ranks (their collectives then fail), and mpiexec ends the job.
 After every test the ranks meet in a collective named after it
 (tests/parallel/conftest.py); a collective that some rank never submits is
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_runner import describe, run_under_mpi
+from mpi_runner import assert_every_rank_passed, run_pytest_under_mpi
 
 PARALLEL_DIR = Path(__file__).resolve().parent / "parallel"
 PARALLEL_FILES = sorted(p.name for p in PARALLEL_DIR.glob("test_*.py"))
@@ -47,14 +48,10 @@ def test_parallel_files_found():
 @pytest.mark.parametrize("np", RANKS, ids=lambda n: f"np{n}")
 def test_parallel_file(np, test_file):
     """tests/parallel/<test_file> passes on every rank of an np-rank job."""
-    result = run_under_mpi(
-        np,
-        ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", str(PARALLEL_DIR / test_file)],
-        timeout=JOB_TIMEOUTS_S.get(test_file, JOB_TIMEOUT_S),
-        env={"HVDKERAS_UNDER_MPI": "1",
-             "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
-    )
-    assert result.returncode == 0, describe(result)
+    result, reports = run_pytest_under_mpi(
+        np, PARALLEL_DIR / test_file, timeout=JOB_TIMEOUTS_S.get(test_file, JOB_TIMEOUT_S),
+        env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)})
+    assert_every_rank_passed(np, result, reports)
 
 
 @pytest.mark.slow
@@ -62,12 +59,8 @@ def test_parallel_file(np, test_file):
 @pytest.mark.parametrize("np", (2, 3), ids=lambda n: f"np{n}")
 def test_large_allreduce_through_mpi(np):
     """The big-buffer tests again with the shared-memory allreduce off (MPI pieces)."""
-    result = run_under_mpi(
-        np,
-        ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-         str(PARALLEL_DIR / "test_allreduce_large.py")],
-        timeout=JOB_TIMEOUT_S,
-        env={"HVDKERAS_UNDER_MPI": "1", "HVDKERAS_SHM_ALLREDUCE": "0",
-             "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
-    )
-    assert result.returncode == 0, describe(result)
+    result, reports = run_pytest_under_mpi(
+        np, PARALLEL_DIR / "test_allreduce_large.py", timeout=JOB_TIMEOUT_S,
+        env={"HVDKERAS_SHM_ALLREDUCE": "0",
+             "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)})
+    assert_every_rank_passed(np, result, reports)

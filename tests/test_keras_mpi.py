@@ -6,7 +6,9 @@
   writing a checkpoint, restarted; saved models loaded in a process that
   never imports hvdkeras; the quickstart example.
 
-Every job runs under a timeout that kills its whole process group.
+Every job runs under a timeout that kills its whole process group, and each
+rank's output is read on its own (see Note [one file per rank] in
+mpi_runner.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi_runner import describe, run_python, run_under_mpi
+from mpi_runner import (assert_every_rank_passed, describe, run_pytest_under_mpi, run_python,
+                        run_under_mpi)
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -42,7 +45,7 @@ def test_keras_parallel_files_found():
 
 def _ok(result):
     assert result.returncode == 0, describe(result)
-    return result.stdout
+    return result
 
 
 @pytest.mark.slow
@@ -51,12 +54,9 @@ def _ok(result):
 def test_keras_parallel_file(test_file):
     # -x: a rank that fails exits; its shutdown fails the other rank's next
     # collective instead of leaving it waiting.
-    out = _ok(run_under_mpi(
-        2, ["-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider",
-            "-W", "ignore::DeprecationWarning", str(test_file)],
-        timeout=TIMEOUT, env={"HVDKERAS_UNDER_MPI": "1"}))
-    summaries = [line for line in out.splitlines() if " passed" in line and " in " in line]
-    assert len(summaries) == 2, f"expected a pytest summary from each rank:\n{out[-3000:]}"
+    result, reports = run_pytest_under_mpi(
+        2, test_file, timeout=TIMEOUT, extra_args=["-rfE", "-W", "ignore::DeprecationWarning"])
+    assert_every_rank_passed(2, result, reports)
 
 
 def _train(*args):
@@ -82,8 +82,8 @@ def test_stop_crash_and_restart_match_an_uninterrupted_run(tmp_path):
     # Run 2 resumes at epoch 3 and is killed while writing epoch 3's checkpoint.
     crashed = _train("--dir", ckpt, "--epochs", 4, "--resume", "--crash-writing-epoch", 3)
     assert crashed.returncode != 0, describe(crashed)
-    assert "continuing at epoch 3" in crashed.stdout, describe(crashed)
-    assert "crashing while writing the checkpoint of epoch 3" in crashed.stdout
+    assert "continuing at epoch 3" in crashed.ranks[0].stdout, describe(crashed)
+    assert "crashing while writing the checkpoint of epoch 3" in crashed.ranks[0].stdout
     names = sorted(os.listdir(ckpt))
     partial = [n for n in names if n.startswith(".tmp-") and n.endswith("epoch-00003.keras")]
     assert len(partial) == 1 and "epoch-00003.keras" not in names, names
@@ -91,7 +91,8 @@ def test_stop_crash_and_restart_match_an_uninterrupted_run(tmp_path):
 
     # Run 3 resumes from epoch 2's checkpoint (still complete) and finishes.
     out = _ok(_train("--dir", ckpt, "--epochs", 4, "--resume", "--out", tmp_path / "resumed.npz"))
-    assert "resumed from" in out and "epoch-00002.keras: continuing at epoch 3" in out, out
+    rank0 = out.ranks[0].stdout
+    assert "resumed from" in rank0 and "epoch-00002.keras: continuing at epoch 3" in rank0, rank0
     assert sorted(os.listdir(ckpt)) == ["epoch-00002.keras", "epoch-00003.keras",
                                         "epoch-00004.keras"]   # keep_last=3, temp file gone
 
@@ -108,22 +109,25 @@ def test_stop_crash_and_restart_match_an_uninterrupted_run(tmp_path):
 def test_saved_models_load_with_and_without_hvdkeras(tmp_path):
     out = _ok(run_under_mpi(2, [str(SCRIPTS / "save_models.py"), str(tmp_path)],
                             timeout=TIMEOUT))
-    assert out.count("round trip with hvdkeras ok") == 6, out
+    assert [rank.stdout.count("round trip with hvdkeras ok") for rank in out.ranks] == [3, 3], \
+        out.stdout
     out = _ok(run_python([str(SCRIPTS / "load_without_hvdkeras.py"), str(tmp_path)],
-                         timeout=TIMEOUT))
+                         timeout=TIMEOUT)).stdout
     assert "hvdkeras never imported" in out, out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_quickstart_example_trains_and_only_rank_zero_prints(tmp_path):
-    out = _ok(run_under_mpi(2, [str(REPO / "examples" / "keras_quickstart.py"), "--epochs", "2",
-                                "--checkpoint-dir", str(tmp_path / "ckpt")], timeout=TIMEOUT))
-    lines = out.splitlines()
-    assert sum(line.startswith("Epoch 1/2") for line in lines) == 1, out
-    assert sum(line.startswith("test accuracy") for line in lines) == 1, out
-    accuracy = float(next(line for line in lines if line.startswith("test accuracy")).split()[-1])
+    result = _ok(run_under_mpi(2, [str(REPO / "examples" / "keras_quickstart.py"), "--epochs",
+                                   "2", "--checkpoint-dir", str(tmp_path / "ckpt")],
+                               timeout=TIMEOUT))
+    out = result.stdout
+    ranks = [rank.stdout.splitlines() for rank in result.ranks]
+    assert [sum(line.startswith("Epoch 1/2") for line in lines) for lines in ranks] == [1, 0], out
+    assert [sum(line.startswith("test accuracy") for line in lines) for lines in ranks] == [1, 0]
+    accuracy = float(next(line for line in ranks[0] if line.startswith("test accuracy")).split()[-1])
     assert accuracy > 0.9, out
     # verbose=2 on a pipe: one summary line per epoch, no progress-bar redraws.
-    assert not any("\r" in line or "\x08" in line for line in lines), out
+    assert not any("\r" in line or "\x08" in line for lines in ranks for line in lines), out
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch-00001.keras", "epoch-00002.keras"]

@@ -36,8 +36,9 @@ def run_job(np: int, args: list[str] = (), env: dict | None = None,
         result = run_under_mpi(np, [str(SCRIPT), *args], timeout=JOB_TIMEOUT_S, env=env)
     if expect_ok:
         assert result.returncode == 0, describe(result)
-    records = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines()
-               if line.startswith("RESULT ")]
+    outputs = result.ranks if hasattr(result, "ranks") else [result]  # one output per rank
+    records = [json.loads(line[len("RESULT "):]) for out in outputs
+               for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert sorted(r["rank"] for r in records) == list(range(np)), describe(result)
     return sorted(records, key=lambda r: r["rank"])
 
