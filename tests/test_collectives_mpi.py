@@ -2,8 +2,9 @@
 
 Every rank runs the same pytest session (so collectives line up across
 ranks) and reports its outcome in a file of its own (see Note [one file per
-rank] in mpi_runner.py); each session runs with -x: a rank whose test fails exits, its shutdown stops the engine
-on the other ranks (their collectives then fail), and mpiexec ends the job.
+rank] in mpi_runner.py); each session runs with -x: a rank whose test fails
+exits, its shutdown stops the engine on the other ranks (their collectives
+then fail), and mpiexec ends the job.
 After every test the ranks meet in a collective named after it
 (tests/parallel/conftest.py); a collective that some rank never submits is
 ended after STALL_SHUTDOWN_S by the engine's stall check, with a message

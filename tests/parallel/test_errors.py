@@ -1,11 +1,8 @@
-"""Cross-rank mismatches, invalid arguments, shutdown and re-init.
+"""Invalid arguments, names in flight, shutdown and re-init.
 
-Runs under mpiexec (see tests/test_collectives_mpi.py). In each mismatch test
-the last rank submits something different under the same eager name; the
-coordinator must fail the collective on EVERY rank with a
-FailedPreconditionError naming the tensor and what each rank sent (grouped
-as coordinator.cc formats it), and the world must stay usable: the next
-collective succeeds with the right value.
+Runs under mpiexec (see tests/test_collectives_mpi.py). Cross-rank mismatches
+are one table in test_mismatches.py. After a failure the world must stay
+usable: the next collective succeeds with the right value.
 
 The shutdown/re-init tests come last in this file: they stop the world and
 start it again (the session fixture's final shutdown copes either way).
@@ -22,7 +19,7 @@ import tensorflow as tf
 
 import hvdkeras as hvd
 from parallel_helpers import (
-    WORLD_RANK, WORLD_SIZE, assert_exact, describe_by_rank, last_rank_differs, needs_two_ranks,
+    WORLD_RANK, WORLD_SIZE, assert_exact, needs_two_ranks,
 )
 
 IS_LAST = WORLD_RANK == WORLD_SIZE - 1
@@ -44,113 +41,6 @@ def expect_failure(call, message: str, error=tf.errors.FailedPreconditionError) 
             result.numpy()
     assert message in info.value.message, (
         f"rank {WORLD_RANK}: expected {message!r} in the error, got:\n{info.value.message}")
-
-
-# ---------------------------------------------------------------- mismatches (size >= 2)
-
-@needs_two_ranks
-def test_mismatched_shapes():
-    """[2, 3] on most ranks, [3, 3] on the last one."""
-    x = tf.zeros([3, 3] if IS_LAST else [2, 3])
-    expect_failure(
-        lambda: hvd.allreduce(x, op=hvd.Sum, name="bad_shape"),
-        "Mismatched shapes for allreduce of tensor 'bad_shape' across ranks: "
-        + last_rank_differs("[2, 3]", "[3, 3]"))
-    assert_world_still_works("bad_shape")
-
-
-@needs_two_ranks
-def test_mismatched_dtypes():
-    """float32 on most ranks, int32 on the last one."""
-    x = tf.zeros([4], tf.int32 if IS_LAST else tf.float32)
-    expect_failure(
-        lambda: hvd.allreduce(x, op=hvd.Sum, name="bad_dtype"),
-        "Mismatched data types for allreduce of tensor 'bad_dtype' across ranks: "
-        + last_rank_differs("float32", "int32"))
-    assert_world_still_works("bad_dtype")
-
-
-@needs_two_ranks
-def test_mismatched_reduce_ops():
-    """Sum on most ranks, Max on the last one."""
-    op = hvd.Max if IS_LAST else hvd.Sum
-    expect_failure(
-        lambda: hvd.allreduce(tf.ones([2]), op=op, name="bad_op"),
-        "Mismatched reduction ops for allreduce of tensor 'bad_op' across ranks: "
-        + last_rank_differs("Sum", "Max"))
-    assert_world_still_works("bad_op")
-
-
-@needs_two_ranks
-@pytest.mark.parametrize("odd_scales,odd_text", [
-    ((2.0, 1.0), "prescale 2 / postscale 1"),
-    ((1.0, 0.5), "prescale 1 / postscale 0.5"),
-])
-def test_mismatched_scale_factors(odd_scales, odd_text):
-    """Different prescale (or postscale) factors on the last rank."""
-    pre, post = odd_scales if IS_LAST else (1.0, 1.0)
-    expect_failure(
-        lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum, prescale_factor=pre,
-                              postscale_factor=post, name="bad_scale"),
-        "Mismatched scale factors for allreduce of tensor 'bad_scale' across ranks: "
-        + last_rank_differs("prescale 1 / postscale 1", odd_text))
-    assert_world_still_works("bad_scale")
-
-
-@needs_two_ranks
-def test_mismatched_broadcast_roots():
-    """Root 0 on most ranks, root 1 on the last one."""
-    root = 1 if IS_LAST else 0
-    expect_failure(
-        lambda: hvd.broadcast(tf.ones([2]), root_rank=root, name="bad_root"),
-        "Mismatched root ranks for broadcast of tensor 'bad_root' across ranks: "
-        + last_rank_differs("root 0", "root 1"))
-    assert_world_still_works("bad_root")
-
-
-@needs_two_ranks
-def test_mismatched_tensor_counts_in_a_group():
-    """A grouped allreduce of 2 tensors on most ranks, 3 on the last one."""
-    xs = [tf.ones([2]) for _ in range(3 if IS_LAST else 2)]
-    expect_failure(
-        lambda: hvd.grouped_allreduce(xs, op=hvd.Sum, name="bad_count"),
-        "Mismatched tensor counts for allreduce of tensor 'bad_count' across ranks: "
-        + last_rank_differs("2 tensor(s)", "3 tensor(s)"))
-    assert_world_still_works("bad_count")
-
-
-@needs_two_ranks
-def test_mismatched_operations():
-    """allreduce on most ranks, broadcast under the same name on the last one."""
-    x = tf.ones([2])
-    call = ((lambda: hvd.broadcast(x, root_rank=0, name="bad_kind")) if IS_LAST else
-            (lambda: hvd.allreduce(x, op=hvd.Sum, name="bad_kind")))
-    expect_failure(call, "Mismatched operations for tensor 'bad_kind' across ranks: "
-                   + last_rank_differs("allreduce", "broadcast"))
-    assert_world_still_works("bad_kind")
-
-
-@needs_two_ranks
-def test_mismatch_inside_tf_function():
-    """A mismatch in a graph fails the function call on every rank, naming the node."""
-    shape = [3, 3] if IS_LAST else [2, 3]
-    fn = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum, name="bad_graph_shape"))
-    expect_failure(
-        lambda: fn(tf.zeros(shape)),
-        "Mismatched shapes for allreduce of tensor 'bad_graph_shape' across ranks: "
-        + last_rank_differs("[2, 3]", "[3, 3]"))
-    assert_world_still_works("bad_graph_shape")
-
-
-@needs_two_ranks
-def test_mismatch_groups_every_distinct_value():
-    """Every rank sends its own shape: each rank is listed with its value, in rank order."""
-    x = tf.zeros([WORLD_RANK + 1])
-    expect_failure(
-        lambda: hvd.allreduce(x, op=hvd.Sum, name="all_different"),
-        "Mismatched shapes for allreduce of tensor 'all_different' across ranks: "
-        + describe_by_rank([f"[{r + 1}]" for r in range(WORLD_SIZE)]))
-    assert_world_still_works("all_different")
 
 
 # ---------------------------------------------------------------- invalid arguments (any size)

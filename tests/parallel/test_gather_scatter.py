@@ -6,10 +6,7 @@ Every input is a pure function of the rank, so each rank rebuilds what every
 other rank contributed and computes the expected result in numpy; results
 are compared exactly (dtype, shape and values). Values are small integers,
 exact in every dtype (float16/bfloat16 and int8/uint8 included).
-
-Error cases (size >= 2) come last: the last rank submits something different
-under the same name, and every rank must get a FailedPreconditionError naming
-the tensor and what each rank sent; the next collective must then succeed.
+Their cross-rank mismatches are in the table of test_mismatches.py.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import tensorflow as tf
 import hvdkeras as hvd
 from parallel_helpers import (
     ALLREDUCE_DTYPES, BROADCAST_DTYPES, FLOAT_DTYPES, MODES, WORLD_RANK, WORLD_SIZE, as_dtype,
-    assert_exact, ids, last_rank_differs, needs_two_ranks, run, tensor,
+    assert_exact, ids, run, tensor,
 )
 
 RANKS = range(WORLD_SIZE)
@@ -511,144 +508,3 @@ def test_grouped_reducescatter_gradient(mode):
     for k, s in enumerate(shapes):
         want = np.concatenate([weights((block_of(s[0], r)[1], *s[1:]), r + k) for r in RANKS])
         assert_exact(dxs[k], want.astype(np.float32), f"gradient {k}")
-
-
-# ---------------------------------------------------------------- errors (size >= 2)
-
-def assert_world_still_works(name: str) -> None:
-    """A good allgather right after a failed op returns the right value on every rank."""
-    got = hvd.allgather(tf.constant([WORLD_RANK * 10 + 1]), name=f"{name}_after")
-    assert_exact(got, np.array([r * 10 + 1 for r in RANKS], np.int32))
-
-
-def expect_failure(call, message: str) -> None:
-    """`call()` raises FailedPreconditionError on this rank with `message` in it."""
-    with pytest.raises(tf.errors.FailedPreconditionError) as info:
-        result = call()
-        for t in (result if isinstance(result, (list, tuple)) else [result]):
-            t.numpy()
-    assert message in info.value.message, (
-        f"rank {WORLD_RANK}: expected {message!r} in the error, got:\n{info.value.message}")
-
-
-@needs_two_ranks
-def test_allgather_mismatched_trailing_dims():
-    x = tf.zeros([WORLD_RANK + 1, 4 if IS_LAST else 3])
-    expect_failure(
-        lambda: hvd.allgather(x, name="bad_gather_shape"),
-        "Mismatched shapes (all dimensions but the first must match) for allgather of tensor "
-        "'bad_gather_shape' across ranks: " + last_rank_differs("[*, 3]", "[*, 4]"))
-    assert_world_still_works("bad_gather_shape")
-
-
-@needs_two_ranks
-def test_allgather_mismatched_number_of_dims():
-    x = tf.zeros([2, 3, 1] if IS_LAST else [2, 3])
-    expect_failure(
-        lambda: hvd.allgather(x, name="bad_gather_ndims"),
-        "Mismatched shapes (all dimensions but the first must match) for allgather of tensor "
-        "'bad_gather_ndims' across ranks: " + last_rank_differs("[*, 3]", "[*, 3, 1]"))
-    assert_world_still_works("bad_gather_ndims")
-
-
-@needs_two_ranks
-def test_allgather_mismatched_dtypes():
-    x = tf.zeros([2, 3], tf.int32 if IS_LAST else tf.float32)
-    expect_failure(
-        lambda: hvd.allgather(x, name="bad_gather_dtype"),
-        "Mismatched data types for allgather of tensor 'bad_gather_dtype' across ranks: "
-        + last_rank_differs("float32", "int32"))
-    assert_world_still_works("bad_gather_dtype")
-
-
-@needs_two_ranks
-def test_grouped_allgather_mismatched_counts():
-    xs = [tf.ones([1, 2]) for _ in range(3 if IS_LAST else 2)]
-    expect_failure(
-        lambda: hvd.grouped_allgather(xs, name="bad_gather_count"),
-        "Mismatched tensor counts for allgather of tensor 'bad_gather_count' across ranks: "
-        + last_rank_differs("2 tensor(s)", "3 tensor(s)"))
-    assert_world_still_works("bad_gather_count")
-
-
-@needs_two_ranks
-def test_alltoall_splits_not_summing_to_rows():
-    rows = 2 * WORLD_SIZE
-    splits = [2] * WORLD_SIZE
-    if IS_LAST:
-        splits[-1] = 3
-    last = WORLD_SIZE - 1
-    expect_failure(
-        lambda: hvd.alltoall(tf.zeros([rows, 2]), splits=splits, name="bad_splits_sum"),
-        f"Invalid splits for alltoall of tensor 'bad_splits_sum': rank {last}'s splits add up "
-        f"to {rows + 1} rows, but its tensor has {rows} rows.")
-    assert_world_still_works("bad_splits_sum")
-
-
-@needs_two_ranks
-def test_alltoall_wrong_number_of_splits():
-    rows = 2 * WORLD_SIZE
-    splits = [2] * WORLD_SIZE + ([0] if IS_LAST else [])
-    last = WORLD_SIZE - 1
-    expect_failure(
-        lambda: hvd.alltoall(tf.zeros([rows]), splits=splits, name="bad_splits_len"),
-        f"Invalid splits for alltoall of tensor 'bad_splits_len': rank {last} gave "
-        f"{WORLD_SIZE + 1} split(s), but the world has {WORLD_SIZE} rank(s); give one row "
-        "count per rank.")
-    assert_world_still_works("bad_splits_len")
-
-
-@needs_two_ranks
-def test_alltoall_negative_split():
-    rows = 2 * WORLD_SIZE
-    splits = [2] * (WORLD_SIZE - 2) + [5, -1] if IS_LAST else [2] * WORLD_SIZE
-    assert sum(splits) == rows
-    last = WORLD_SIZE - 1
-    expect_failure(
-        lambda: hvd.alltoall(tf.zeros([rows]), splits=splits, name="bad_splits_neg"),
-        f"Invalid splits for alltoall of tensor 'bad_splits_neg': rank {last} gave a negative "
-        "row count -1.")
-    assert_world_still_works("bad_splits_neg")
-
-
-@needs_two_ranks
-def test_alltoall_mismatched_trailing_dims():
-    x = tf.zeros([WORLD_SIZE, 2 if IS_LAST else 3])
-    expect_failure(
-        lambda: hvd.alltoall(x, name="bad_a2a_shape"),
-        "Mismatched shapes (all dimensions but the first must match) for alltoall of tensor "
-        "'bad_a2a_shape' across ranks: " + last_rank_differs("[*, 3]", "[*, 2]"))
-    assert_world_still_works("bad_a2a_shape")
-
-
-@needs_two_ranks
-def test_reducescatter_mismatched_shapes():
-    x = tf.zeros([5, 2] if IS_LAST else [4, 2])
-    expect_failure(
-        lambda: hvd.reducescatter(x, op=hvd.Sum, name="bad_rs_shape"),
-        "Mismatched shapes for reducescatter of tensor 'bad_rs_shape' across ranks: "
-        + last_rank_differs("[4, 2]", "[5, 2]"))
-    assert_world_still_works("bad_rs_shape")
-
-
-@needs_two_ranks
-def test_reducescatter_mismatched_ops():
-    op = hvd.Average if IS_LAST else hvd.Sum
-    expect_failure(
-        lambda: hvd.reducescatter(tf.ones([4]), op=op, name="bad_rs_op"),
-        "Mismatched reduction ops for reducescatter of tensor 'bad_rs_op' across ranks: "
-        + last_rank_differs("Sum", "Average"))
-    assert_world_still_works("bad_rs_op")
-
-
-@needs_two_ranks
-def test_mismatched_operations_under_one_name():
-    """allgather on most ranks, alltoall on the last one, under the same name."""
-    def call():
-        if IS_LAST:
-            return hvd.alltoall(tf.zeros([WORLD_SIZE]), name="bad_kind")[0]
-        return hvd.allgather(tf.zeros([1]), name="bad_kind")
-
-    expect_failure(call, "Mismatched operations for tensor 'bad_kind' across ranks: "
-                   + last_rank_differs("allgather", "alltoall"))
-    assert_world_still_works("bad_kind")
