@@ -19,7 +19,7 @@ What may import this module: the rest of `hvdkeras.collectives`, and
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -104,17 +104,21 @@ def to_tensors(tensors: Sequence, what: str, reducing: bool, min_rank: int = 0
     return converted
 
 
-def by_dtype(tensors: Sequence[tf.Tensor]) -> List[List[int]]:
-    """Positions of `tensors` grouped by dtype, in order of first appearance."""
+def per_dtype(tensors: Sequence[tf.Tensor], base: str,
+              collective: Callable[[List[tf.Tensor], str], List[tf.Tensor]]
+              ) -> List[tf.Tensor]:
+    """Runs `collective(group, name)` once per dtype present, in order of first
+    appearance (names `base`, `base_1`, ...), and returns the outputs in the
+    order of `tensors`: the grouped collectives fuse one dtype per buffer."""
     groups: Dict[tf.DType, List[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault(t.dtype, []).append(i)
-    return list(groups.values())
-
-
-def group_name(base: str, number: int) -> str:
-    """The name of the `number`-th dtype group of a grouped call: base, base_1, ..."""
-    return base if number == 0 else f"{base}_{number}"
+    results: List[Optional[tf.Tensor]] = [None] * len(tensors)
+    for number, indices in enumerate(groups.values()):
+        name = base if number == 0 else f"{base}_{number}"
+        for i, out in zip(indices, collective([tensors[i] for i in indices], name)):
+            results[i] = out
+    return results  # type: ignore[return-value]
 
 
 def scale_values(values: tf.Tensor, scale: float) -> tf.Tensor:

@@ -11,8 +11,7 @@ from typing import List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from hvdkeras.collectives import kernels
-from hvdkeras.collectives.common import (by_dtype, group_name, not_converted, resolve_op,
-                                         to_tensors)
+from hvdkeras.collectives.common import not_converted, per_dtype, resolve_op, to_tensors
 from hvdkeras.engine import world
 from hvdkeras.engine.types import Average, Sum
 
@@ -70,13 +69,7 @@ def grouped_allgather(tensors: Sequence, name: Optional[str] = None) -> List[tf.
 def grouped_allgather_mixed(tensors: Sequence, name: Optional[str] = None) -> List[tf.Tensor]:
     """Like `grouped_allgather`, with one fused op per dtype present."""
     converted = to_tensors(tensors, "allgather", reducing=False, min_rank=1)
-    results: List[Optional[tf.Tensor]] = [None] * len(converted)
-    base = name or "HvdkerasGroupedAllgather"
-    for number, indices in enumerate(by_dtype(converted)):
-        outputs = kernels.allgather([converted[i] for i in indices], group_name(base, number))
-        for i, out in zip(indices, outputs):
-            results[i] = out
-    return results  # type: ignore[return-value]
+    return per_dtype(converted, name or "HvdkerasGroupedAllgather", kernels.allgather)
 
 
 def even_splits(rows, size: int) -> tf.Tensor:
@@ -175,11 +168,6 @@ def grouped_reducescatter(tensors: Sequence, name: Optional[str] = None,
     op = resolve_op(op, None)
     _check_scatter_op(op)
     converted = to_tensors(tensors, "grouped_reducescatter", reducing=True, min_rank=1)
-    results: List[Optional[tf.Tensor]] = [None] * len(converted)
-    base = name or "HvdkerasGroupedReducescatter"
-    for number, indices in enumerate(by_dtype(converted)):
-        outputs = kernels.reducescatter([converted[i] for i in indices], op, prescale_factor,
-                                        postscale_factor, group_name(base, number))
-        for i, out in zip(indices, outputs):
-            results[i] = out
-    return results  # type: ignore[return-value]
+    return per_dtype(converted, name or "HvdkerasGroupedReducescatter",
+                     lambda group, group_name: kernels.reducescatter(
+                         group, op, prescale_factor, postscale_factor, group_name))

@@ -10,8 +10,7 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from hvdkeras.collectives import kernels, sparse
-from hvdkeras.collectives.common import (by_dtype, check_dtype, group_name, not_converted,
-                                         resolve_op)
+from hvdkeras.collectives.common import check_dtype, not_converted, per_dtype, resolve_op
 from hvdkeras.engine import world
 
 
@@ -84,11 +83,6 @@ def grouped_allreduce(tensors: Sequence, name: Optional[str] = None,
     converted = [tf.convert_to_tensor(t) for t in tensors]
     for t in converted:
         check_dtype(t, "grouped_allreduce", reducing=True)
-    results: List[Optional[tf.Tensor]] = [None] * len(converted)
-    base = name or "HvdkerasGroupedAllreduce"
-    for number, indices in enumerate(by_dtype(converted)):
-        outputs = kernels.allreduce([converted[i] for i in indices], op, prescale_factor,
-                                    postscale_factor, group_name(base, number))
-        for i, out in zip(indices, outputs):
-            results[i] = out
-    return results  # type: ignore[return-value]
+    return per_dtype(converted, name or "HvdkerasGroupedAllreduce",
+                     lambda group, group_name: kernels.allreduce(
+                         group, op, prescale_factor, postscale_factor, group_name))

@@ -10,14 +10,6 @@
 
 namespace {
 
-using hvdkeras::DataType;
-using hvdkeras::OpType;
-using hvdkeras::ReduceOp;
-using hvdkeras::Request;
-using hvdkeras::Response;
-using hvdkeras::Shape;
-using test_harness::Lcg;
-
 // ---- Output block pool ----------------------------------------------------
 
 TEST(BlockPoolAlignsAndReuses) {

@@ -16,13 +16,10 @@ using hvdkeras::OpType;
 using hvdkeras::ReduceOp;
 using hvdkeras::Request;
 using hvdkeras::Response;
-using hvdkeras::Shape;
-using test_harness::Lcg;
 using test_harness::Allreduce;
 using test_harness::Alltoall;
 using test_harness::Broadcast;
 using test_harness::Join;
-using test_harness::MakeRequest;
 using test_harness::OfType;
 
 // ==========================================================================

@@ -15,14 +15,8 @@ namespace {
 using hvdkeras::DataType;
 using hvdkeras::OpType;
 using hvdkeras::ReduceOp;
-using hvdkeras::Request;
-using hvdkeras::Response;
-using hvdkeras::Shape;
-using test_harness::Fail;
 using test_harness::Lcg;
-using test_harness::Show;
 using test_harness::g_current_test;
-using test_harness::g_failures;
 using hvdkeras::FusionItem;
 using hvdkeras::FusionKey;
 using Plan = std::vector<std::vector<int>>;

@@ -12,17 +12,9 @@
 
 namespace {
 
-using hvdkeras::DataType;
-using hvdkeras::OpType;
-using hvdkeras::ReduceOp;
-using hvdkeras::Request;
-using hvdkeras::Response;
-using hvdkeras::Shape;
 using test_harness::Fail;
-using test_harness::Lcg;
 using test_harness::Show;
 using test_harness::g_checks;
-using test_harness::g_current_test;
 using test_harness::g_failures;
 using test_harness::BitsOf;
 using test_harness::FloatFromBits;

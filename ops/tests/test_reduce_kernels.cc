@@ -11,12 +11,7 @@
 namespace {
 
 using hvdkeras::DataType;
-using hvdkeras::OpType;
 using hvdkeras::ReduceOp;
-using hvdkeras::Request;
-using hvdkeras::Response;
-using hvdkeras::Shape;
-using test_harness::Lcg;
 
 // ---- Reduction kernels (shared-memory allreduce) ---------------------------
 

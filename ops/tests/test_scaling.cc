@@ -12,15 +12,7 @@
 namespace {
 
 using hvdkeras::DataType;
-using hvdkeras::OpType;
 using hvdkeras::ReduceOp;
-using hvdkeras::Request;
-using hvdkeras::Response;
-using hvdkeras::Shape;
-using test_harness::Lcg;
-using test_harness::BitsOf;
-using test_harness::FloatFromBits;
-using test_harness::IsBFloatNan;
 using test_harness::IsHalfNan;
 
 // ==========================================================================
