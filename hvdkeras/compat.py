@@ -25,7 +25,8 @@ from typing import Any, Iterable, Optional
 
 
 def exempt_from_program_order(op_types: Iterable[str]) -> bool:
-    """Keeps `tf.function` from chaining these stateful ops in program order.
+    """Keeps `tf.function` from chaining these stateful ops in program order
+    (see Note [stateful but unordered] in hvdkeras/engine/library.py).
 
     `tf.function` adds control dependencies between stateful ops in the order
     the Python code created them; collectives that ranks create in different

@@ -24,13 +24,15 @@ _ops_module: Any = None
 _cdll: Optional[ctypes.CDLL] = None
 _path: Optional[Path] = None
 
-# Ops that talk to other ranks. They are stateful, so TensorFlow never
-# constant-folds or deduplicates them (a folded collective would run once at
-# optimisation time on one rank only), but unlike other stateful ops they must
-# not be chained in program order by tf.function's automatic control
-# dependencies: ranks may create them in different orders, and the engine
-# negotiates the order. TensorFlow's own collective ops are exempted the same
-# way.
+# Note [stateful but unordered]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Ops that talk to other ranks are registered stateful (op_definitions.cc),
+# so TensorFlow never constant-folds or deduplicates them: a folded
+# collective would run once at optimisation time on one rank only. Unlike
+# other stateful ops they must not be chained in program order by
+# tf.function's automatic control dependencies: ranks may create them in
+# different orders, and the engine negotiates the order. TensorFlow's own
+# collective ops are exempted the same way (compat.exempt_from_program_order).
 COLLECTIVE_OP_TYPES = frozenset(("HvdkerasAllreduce", "HvdkerasBroadcast", "HvdkerasAllgather",
                                  "HvdkerasReducescatter", "HvdkerasAlltoall"))
 

@@ -1,6 +1,8 @@
 // The TensorFlow binding's op declarations: names, attributes, inputs and
 // outputs, and shape functions. The element types each op accepts come from
-// the engine's table (see Note [wire vocabulary] in core/types.def).
+// the engine's table (see Note [wire vocabulary] in core/types.def). The
+// collectives are stateful yet exempt from program order: see
+// Note [stateful but unordered] in hvdkeras/engine/library.py.
 #include <string>
 
 #include "tensorflow/core/framework/common_shape_fns.h"
