@@ -1,9 +1,9 @@
 """The [io] extra: Parquet input through tensorflow-io (TF 2.16-2.17 only).
 
 Skipped where tensorflow-io cannot work (the default TF 2.21 leg, where
-test_recipes_schema.py checks the refusal message instead). The second CI
-leg, `scripts/test_tf217.sh`, runs this file in an environment with
-TensorFlow 2.17.1 + tensorflow-io 0.37.1, where:
+test_recipes_schema.py checks the refusal message instead). The TensorFlow
+versions leg, `scripts/test_tf_versions.sh`, runs this file in its
+environment with TensorFlow 2.17.1 + tensorflow-io 0.37.1, where:
 
 * the op library is built against TensorFlow 2.17 (the build follows the
   installed TensorFlow);

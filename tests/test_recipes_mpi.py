@@ -7,7 +7,7 @@
 * warmup_cosine also resumes from its checkpoint, and the learning rate at
   every epoch end matches the warmup + cosine formula, across the restart.
 * digits_parquet needs TF 2.16-2.17 + tensorflow-io: here it must stop before
-  launching (test_recipes_schema.py); the TF 2.17 leg runs it
+  launching (test_recipes_schema.py); the TensorFlow versions leg runs it on 2.17.1
   (test_recipes_io.py).
 
 Every job runs under a timeout that kills its whole process group.

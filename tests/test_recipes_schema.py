@@ -278,7 +278,7 @@ def _tensorflow_io_usable() -> bool:
     return tensorflow_io_problem() is None
 
 
-@pytest.mark.skipif(_tensorflow_io_usable(), reason="tensorflow-io works here (the TF 2.17 leg)")
+@pytest.mark.skipif(_tensorflow_io_usable(), reason="tensorflow-io works here (TF 2.17.1 in the versions leg)")
 def test_parquet_recipe_says_which_tensorflow_it_needs(capsys, no_launch):
     code = cli.main(["train", str(REPO / "recipes" / "digits_parquet.yaml"), "--np", "2"])
     err = capsys.readouterr().err

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The TensorFlow version leg: hvdkeras on every TensorFlow minor version it
+# supports besides the main environment's (2.21), each in a virtual
+# environment of its own. On each version:
+#   - the op library builds for it (the first test builds it);
+#   - the collectives pass on 2 ranks (every tests/parallel/ file);
+#   - a 2-rank model.fit equals one process on the global batch
+#     (tests/keras_parallel/test_equivalence.py);
+#   - the element types and engine settings agree between Python, the
+#     library and the registered ops (test_vocabulary, test_engine_settings).
+# TensorFlow 2.17.1 also gets tensorflow-io 0.37.1 (its newest release, which
+# runs only on TensorFlow 2.16-2.17) and trains the Parquet recipe for real.
+#
+#   scripts/test_tf_versions.sh [VERSION ...]   (default: the versions below)
+#
+#   HVDKERAS_TF_VENVS   where the environments live (default build/, which
+#                       git ignores): build/venv-tf<VERSION>
+# Extra pytest arguments can be given after "--".
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+
+DEFAULT_VERSIONS=(2.16.2 2.17.1 2.18.1 2.19.1 2.20.0)
+VENVS="${HVDKERAS_TF_VENVS:-build}"
+case "$VENVS" in
+  /*) ;;
+  *) VENVS="$REPO_ROOT/$VENVS" ;;
+esac
+PYTHON="${PYTHON:-python3}"
+
+versions=()
+while [[ $# -gt 0 && "$1" != "--" ]]; do versions+=("$1"); shift; done
+[[ $# -gt 0 ]] && shift  # the "--"
+[[ ${#versions[@]} -gt 0 ]] || versions=("${DEFAULT_VERSIONS[@]}")
+
+# What each version's environment needs besides hvdkeras[test] and TensorFlow.
+extra_pins() {
+  case "$1" in
+    # pyarrow is only for the tests (writing Parquet files); < 20 still
+    # supports numpy 1.x, which TensorFlow 2.17 needs.
+    2.17.*) echo "tensorflow-io==0.37.1 pyarrow>=14,<20" ;;
+    *) echo "" ;;
+  esac
+}
+
+# Tests every version runs (a -k expression over these files).
+COMMON_FILES=(tests/test_vocabulary.py tests/test_engine_settings.py
+              tests/test_collectives_mpi.py tests/test_keras_mpi.py)
+COMMON_SELECTION="test_vocabulary or test_engine_settings or np2 or test_equivalence"
+# ...and the tests only the tensorflow-io version runs.
+IO_FILES=(tests/test_recipes_io.py tests/test_recipes_schema.py tests/test_recipes_data.py)
+
+overall=0
+for version in "${versions[@]}"; do
+  started=$SECONDS
+  venv="$VENVS/venv-tf$version"
+  read -r -a pins <<< "tensorflow==$version $(extra_pins "$version")"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "tf-versions: creating $venv" >&2
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip >&2
+  fi
+  stamp="$venv/.hvdkeras-install-stamp"
+  wanted="$( (cat pyproject.toml setup.py; printf '%s\n' "${pins[@]}") | sha256sum | cut -d' ' -f1)"
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$wanted" ]]; then
+    echo "tf-versions: installing hvdkeras[test] with ${pins[*]}" >&2
+    "$venv/bin/python" -m pip install -q -e ".[test]" "${pins[@]}" >&2
+    echo "$wanted" > "$stamp"
+  fi
+  installed=$SECONDS
+  status=0
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider "${COMMON_FILES[@]}" \
+    -k "$COMMON_SELECTION" "$@" || status=$?
+  if [[ $status -eq 0 && -n "$(extra_pins "$version")" ]]; then
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider "${IO_FILES[@]}" "$@" || status=$?
+  fi
+  [[ $status -eq 5 ]] && echo "tf-versions: pytest collected no tests for $version" >&2
+  echo "tf-versions: TensorFlow $version: exit $status; environment $((installed - started)) s," \
+       "tests $((SECONDS - installed)) s" >&2
+  [[ $status -eq 0 ]] || overall=1
+done
+exit "$overall"
