@@ -26,6 +26,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "autotuner": ("autotuner",),
     "block_pool": ("block_pool",),
     "common": ("common",),
+    "device_packing": ("device_packing",),
     "coordinator": ("coordinator", "message", "common"),
     "engine_settings": ("engine_settings",),
     "fusion_planner": ("fusion_planner", "common"),

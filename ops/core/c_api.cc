@@ -7,12 +7,13 @@
 #include <cstring>
 #include <string>
 
+#include "core/device.h"
 #include "core/engine.h"
 #include "core/engine_settings.h"
 
 namespace {
 
-void CopyError(const std::string& message, char* out, int capacity) {
+void CopyText(const std::string& message, char* out, int capacity) {
   if (!out || capacity <= 0) return;
   const size_t n = std::min(message.size(), static_cast<size_t>(capacity - 1));
   std::memcpy(out, message.data(), n);
@@ -43,7 +44,7 @@ int hvdkeras_engine_start(int fortran_comm, const char* settings, char* error,
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
-    CopyError("MPI is not initialized in this process (mpi4py should have done it)", error,
+    CopyText("MPI is not initialized in this process (mpi4py should have done it)", error,
               error_capacity);
     return 1;
   }
@@ -54,7 +55,7 @@ int hvdkeras_engine_start(int fortran_comm, const char* settings, char* error,
     s = hvdkeras::Engine::Instance().Start(comm, config);
   }
   if (!s.ok()) {
-    CopyError(s.message, error, error_capacity);
+    CopyText(s.message, error, error_capacity);
     return 1;
   }
   return 0;
@@ -88,7 +89,75 @@ void hvdkeras_current_params(int64_t* fusion_threshold, double* cycle_time_ms) {
   hvdkeras::Engine::Instance().CurrentParams(fusion_threshold, cycle_time_ms);
 }
 
-// What the library was built with, for `hvdkeras check`.
-const char* hvdkeras_build_flavor() { return "cpu"; }
+// What the library was built with, for `hvdkeras check`: "cpu", or the
+// device backend compiled in ("cuda").
+const char* hvdkeras_build_flavor() {
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  return backend ? backend->name : "cpu";
+}
+
+// The GPU functions below answer for a build with a device backend; without
+// one they report that there is none.
+
+// Directories (colon-separated) searched for the GPU runtime libraries.
+void hvdkeras_gpu_set_library_dirs(const char* dirs) {
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  if (backend) backend->set_library_dirs(dirs ? dirs : "");
+}
+
+// The GPUs this process can use: their number, with a description in
+// `text`; or -1 with the reason there are none.
+int hvdkeras_gpu_probe(char* text, int capacity) {
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  if (!backend) {
+    CopyText("this op library was built without GPU support", text, capacity);
+    return -1;
+  }
+  std::string why;
+  hvdkeras::Device* device = backend->device(&why);
+  if (!device) {
+    CopyText(why, text, capacity);
+    return -1;
+  }
+  CopyText(device->Describe(), text, capacity);
+  return device->DeviceCount();
+}
+
+// "name=value" lines: what the GPU part was built with and the runtime
+// libraries it finds. Returns 0, or 1 when there is no GPU part.
+int hvdkeras_gpu_build_info(char* text, int capacity) {
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  CopyText(backend ? backend->build_info() : "", text, capacity);
+  return backend ? 0 : 1;
+}
+
+// Compiles the GPU kernels for `arch` ("sm_90") without a GPU. Returns 0
+// with their size in `text`, or 1 with the compiler's error.
+int hvdkeras_gpu_compile_kernels(const char* arch, char* text, int capacity) {
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  if (!backend) {
+    CopyText("this op library was built without GPU support", text, capacity);
+    return 1;
+  }
+  int64_t bytes = 0;
+  hvdkeras::Status s = backend->compile_kernels(arch ? arch : "", &bytes);
+  CopyText(s.ok() ? std::to_string(bytes) : s.message, text, capacity);
+  return s.ok() ? 0 : 1;
+}
+
+// Measures the GPU copy kernels (DeviceBackend::probe_copies): fills
+// `results` (GB/s: packed, plain copy, scaled) and returns 0, or returns 1
+// with the reason in `text`.
+int hvdkeras_gpu_probe_copies(int tensors, int64_t bytes_each, int iterations, double* results,
+                              char* text, int capacity) {
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  if (!backend) {
+    CopyText("this op library was built without GPU support", text, capacity);
+    return 1;
+  }
+  hvdkeras::Status s = backend->probe_copies(tensors, bytes_each, iterations, results);
+  CopyText(s.message, text, capacity);
+  return s.ok() ? 0 : 1;
+}
 
 }  // extern "C"

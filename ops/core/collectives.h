@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/block_pool.h"
+#include "core/device.h"
 #include "core/pending_op.h"
 #include "core/mpi_context.h"
 #include "core/shm_allreduce.h"
@@ -33,6 +34,11 @@ struct ExecContext {
   Timeline* timeline;  // null unless rank 0 is tracing
   BlockPool* blocks;   // fused allreduce results handed out as outputs
   ShmAllreduce* shm;   // allreduce through shared memory, when active
+  // GPU batches (collective_device.cc): the device, its communicator and
+  // this rank's GPU.
+  Device* device = nullptr;
+  DeviceCommunicator* device_comm = nullptr;
+  int device_ordinal = -1;
 };
 
 // Records an execution phase of every op in a batch on the timeline.
@@ -86,6 +92,13 @@ Status RunBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 Status RunAlltoall(ExecContext& ctx, PendingOp* op);
 Status RunReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+
+// The same on GPUs, through the Device and DeviceCommunicator of `ctx`.
+Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op);
+Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 
 // Rows of a first dimension of `rows` that rank r receives in reducescatter.
 int64_t ScatterRows(int64_t rows, int size, int r);

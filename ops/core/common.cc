@@ -47,6 +47,14 @@ const char* OpTypeName(OpType op) {
   return "unknown";
 }
 
+const char* DeviceKindName(DeviceKind device) {
+  switch (device) {
+    case DeviceKind::kCpu: return "CPU";
+    case DeviceKind::kGpu: return "GPU";
+  }
+  return "unknown";
+}
+
 bool IsValidDataType(int32_t value) {
   switch (value) {
 #define HVDKERAS_DTYPE(enumerator, value, ...) case value:

@@ -20,6 +20,14 @@ enum class ReduceOp : int32_t {
 #include "core/types.def"
 };
 
+// Where a request's tensors live. Every rank must agree: the engine runs a
+// CPU batch over MPI or shared memory and a GPU batch through the device
+// backend (device.h).
+enum class DeviceKind : int32_t {
+  kCpu = 0,
+  kGpu = 1,
+};
+
 // Collective operations the engine negotiates.
 enum class OpType : int32_t {
   kAllreduce = 0,
@@ -59,6 +67,7 @@ size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* OpTypeName(OpType op);
+const char* DeviceKindName(DeviceKind device);
 bool IsValidDataType(int32_t value);
 bool IsValidReduceOp(int32_t value);
 bool IsFloatingPoint(DataType dtype);

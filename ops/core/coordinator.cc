@@ -106,6 +106,12 @@ std::string ValidateRequests(const std::vector<Request>& submitted, int world_si
            DescribeByRank(submitted, op_name) + ". Every rank must run the same collective "
            "under one name.";
   }
+  auto device = [](const Request& r) { return std::string(DeviceKindName(r.device)); };
+  if (!AllSame(submitted, device)) {
+    return "Mismatched devices for " + what + " across ranks: " + DescribeByRank(submitted, device) +
+           ". Every rank must hold the tensor in the same kind of memory: give every process "
+           "a GPU (hvdkeras.pin_gpu()) or none.";
+  }
   auto count = [](const Request& r) { return std::to_string(r.shapes.size()) + " tensor(s)"; };
   if (!AllSame(submitted, count)) return mismatch("tensor counts", count);
   if (!AllSame(submitted, DtypesString)) return mismatch("data types", DtypesString);

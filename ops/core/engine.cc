@@ -1,6 +1,8 @@
 #include "core/engine.h"
 
 #include <chrono>
+
+#include "core/device.h"
 #include <cstdio>
 
 namespace hvdkeras {
@@ -145,7 +147,10 @@ void Engine::Finish(std::vector<std::pair<PendingOp*, Status>> results) {
   }
   queue_.Release(finished);
   std::vector<std::unique_ptr<PendingOp>> owned = pending_.TakeFinished();
-  for (auto& [op, status] : results) op->done(status);
+  for (auto& [op, status] : results) {
+    if (!status.ok()) DiscardReadyEvents(op);
+    op->done(status);
+  }
 }
 
 void Engine::FailEverything(const std::string& why) {
@@ -154,6 +159,7 @@ void Engine::FailEverything(const std::string& why) {
   negotiator_.ClearStandIns();
   const Status status = Status::Error(StatusCode::kAborted, why);
   for (auto& op : leftovers) {
+    DiscardReadyEvents(op.get());
     if (op->done) op->done(status);
   }
 }

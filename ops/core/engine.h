@@ -38,8 +38,9 @@ class Engine {
 
   bool running() { return queue_.running(); }
 
-  // Any thread. Fails when not running or when the name is in flight.
-  Status Enqueue(std::unique_ptr<PendingOp> op) { return queue_.Submit(std::move(op)); }
+  // Any thread. Fails when not running or when the name is in flight; a
+  // refused op is left with the caller.
+  Status Enqueue(std::unique_ptr<PendingOp>&& op) { return queue_.Submit(std::move(op)); }
 
   // The fusion threshold and cycle time in use (autotune changes them).
   void CurrentParams(int64_t* fusion_threshold, double* cycle_time_ms) const {

@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "core/device.h"
 #include "core/engine.h"
 
 namespace hvdkeras {
@@ -26,6 +27,41 @@ std::unique_ptr<PendingOp> MakeOp(const std::string& name, OpType type,
   op->tensors = std::move(tensors);
   op->done = std::move(done);
   return op;
+}
+
+// Where the op's tensors live; for GPU tensors, records on each framework
+// stream that the inputs are ready (see Note [stream order] in device.h).
+Status PrepareDevice(PendingOp* op) {
+  Request& r = op->request;
+  int gpus = 0;
+  for (const TensorRef& t : op->tensors) gpus += t.device >= 0 ? 1 : 0;
+  if (gpus == 0) return Status::OK();
+  if (gpus != static_cast<int>(op->tensors.size())) {
+    return Invalid(std::string(OpTypeName(r.op_type)) + " '" + r.name +
+                   "' mixes tensors in host and GPU memory; submit them separately");
+  }
+  r.device = DeviceKind::kGpu;
+  const DeviceBackend* backend = GetDeviceBackend();
+  std::string why;
+  Device* device = backend ? backend->device(&why) : nullptr;
+  if (device == nullptr) {
+    return Status::Error(StatusCode::kPreconditionError,
+                         "GPU tensor for collective '" + r.name + "', but " +
+                             (backend ? "no GPU is usable: " + why
+                                      : std::string("the op library was built without CUDA")));
+  }
+  for (TensorRef& t : op->tensors) {
+    Status s = device->RecordReady(t.device, t.framework_stream, &t.ready);
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+Status Queue(std::unique_ptr<PendingOp> op) {
+  Status s = PrepareDevice(op.get());
+  if (s.ok()) s = Engine::Instance().Enqueue(std::move(op));
+  if (!s.ok()) DiscardReadyEvents(op.get());  // a refused op stays ours
+  return s;
 }
 
 // Checks shared by the reducing ops: a name, tensors, one reducible dtype.
@@ -68,7 +104,7 @@ Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors,
   pending->request.reduce_op = op;
   pending->request.prescale = prescale;
   pending->request.postscale = postscale;
-  return Engine::Instance().Enqueue(std::move(pending));
+  return Queue(std::move(pending));
 }
 
 Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors, int root_rank,
@@ -77,15 +113,14 @@ Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors,
   if (!s.ok()) return s;
   auto pending = MakeOp(name, OpType::kBroadcast, std::move(tensors), std::move(done));
   pending->request.root_rank = root_rank;
-  return Engine::Instance().Enqueue(std::move(pending));
+  return Queue(std::move(pending));
 }
 
 Status EnqueueAllgather(const std::string& name, std::vector<TensorRef> tensors,
                         DoneCallback done) {
   Status s = CheckNamed("allgather", name, tensors);
   if (!s.ok()) return s;
-  return Engine::Instance().Enqueue(
-      MakeOp(name, OpType::kAllgather, std::move(tensors), std::move(done)));
+  return Queue(MakeOp(name, OpType::kAllgather, std::move(tensors), std::move(done)));
 }
 
 Status EnqueueAlltoall(const std::string& name, TensorRef tensor, std::vector<int64_t> splits,
@@ -95,7 +130,7 @@ Status EnqueueAlltoall(const std::string& name, TensorRef tensor, std::vector<in
   tensors.push_back(std::move(tensor));
   auto pending = MakeOp(name, OpType::kAlltoall, std::move(tensors), std::move(done));
   pending->request.splits = std::move(splits);
-  return Engine::Instance().Enqueue(std::move(pending));
+  return Queue(std::move(pending));
 }
 
 Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
@@ -110,19 +145,19 @@ Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tens
   pending->request.reduce_op = op;
   pending->request.prescale = prescale;
   pending->request.postscale = postscale;
-  return Engine::Instance().Enqueue(std::move(pending));
+  return Queue(std::move(pending));
 }
 
 Status EnqueueBarrier(const std::string& name, DoneCallback done) {
   if (name.empty()) return Invalid("barrier needs a non-empty name");
-  return Engine::Instance().Enqueue(MakeOp(name, OpType::kBarrier, {}, std::move(done)));
+  return Queue(MakeOp(name, OpType::kBarrier, {}, std::move(done)));
 }
 
 Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallback done) {
   if (name.empty()) return Invalid("join needs a non-empty name");
   auto pending = MakeOp(name, OpType::kJoin, {}, std::move(done));
   pending->join_result = last_joined_rank;
-  return Engine::Instance().Enqueue(std::move(pending));
+  return Queue(std::move(pending));
 }
 
 bool EngineRunning() { return Engine::Instance().running(); }

@@ -41,6 +41,15 @@ struct TensorRef {
   std::function<void(const std::vector<int64_t>&)> receive_splits;
   DataType dtype = DataType::kFloat32;
   Shape shape;
+  // GPU tensors (see Note [stream order] in device.h): the device ordinal
+  // (-1: host memory) and the framework's stream that produced the input and
+  // will consume the output. `ready` is filled in when the op is queued.
+  int device = -1;
+  void* framework_stream = nullptr;
+  void* ready = nullptr;
+  // A joined rank's stand-in: contributes the neutral element and receives
+  // into scratch memory (a GPU batch provides both on the device).
+  bool neutral = false;
 };
 
 // Called exactly once, from the engine's thread, when the op finished or

@@ -16,6 +16,7 @@ FusionItem FusionItemOf(const PendingOp& op, int size) {
   item.bytes = r.TotalBytes();
   FusionKey& key = item.key;
   key.op_type = r.op_type;
+  key.device = r.device;
   switch (r.op_type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
@@ -64,7 +65,29 @@ Status Executor::Open(const MpiContext* mpi, const EngineConfig& config) {
   return shm_.Open(mpi->comm(), config.allreduce_chunk_bytes);
 }
 
-void Executor::Close(bool collective) { shm_.Close(collective); }
+void Executor::Close(bool collective) {
+  shm_.Close(collective);
+  gpu_.Close(collective);
+}
+
+Status Executor::ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  Status s = gpu_.Prepare(*mpi_, batch);
+  if (!s.ok()) return s;
+  ctx.device = gpu_.device();
+  ctx.device_comm = gpu_.communicator();
+  ctx.device_ordinal = gpu_.ordinal();
+  switch (batch[0]->request.op_type) {
+    case OpType::kAllreduce: return RunDeviceAllreduce(ctx, batch);
+    case OpType::kBroadcast: return RunDeviceBroadcast(ctx, batch);
+    case OpType::kAllgather: return RunDeviceAllgather(ctx, batch);
+    case OpType::kAlltoall: return RunDeviceAlltoall(ctx, batch[0]);
+    case OpType::kReducescatter: return RunDeviceReducescatter(ctx, batch);
+    default:
+      return Status::Error(StatusCode::kInvalidArgument,
+                           std::string(OpTypeName(batch[0]->request.op_type)) +
+                               " has no GPU version");
+  }
+}
 
 std::vector<Status> Executor::Execute(const std::vector<PendingOp*>& ready,
                                       int64_t fusion_threshold, Timeline* timeline) {
@@ -92,6 +115,7 @@ std::vector<Status> Executor::Execute(const std::vector<PendingOp*>& ready,
 Status Executor::ExecuteBatch(const std::vector<PendingOp*>& batch, Timeline* timeline) {
   ExecContext ctx{*mpi_, fusion_buffer_, timeline, &output_blocks_,
                   shm_.active() ? &shm_ : nullptr};
+  if (batch[0]->request.device == DeviceKind::kGpu) return ExecuteDeviceBatch(ctx, batch);
   switch (batch[0]->request.op_type) {
     case OpType::kAllreduce: return RunAllreduce(ctx, batch);
     case OpType::kBroadcast: return RunBroadcast(ctx, batch);

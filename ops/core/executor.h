@@ -1,8 +1,9 @@
 // Execution of what the ranks agreed on: the fusion plan of a cycle's ready
-// ops and the dispatch of each batch to its collective. Owns the memory the
-// collectives work in: the fusion buffer, the pool of blocks that fused
-// allreduce results are handed out in (see Note [fused outputs] in
-// block_pool.h), and the shared-memory window.
+// ops and the dispatch of each batch to its collective, on the CPU or on the
+// GPU. Owns what the collectives work with: the fusion buffer, the pool of
+// blocks that fused allreduce results are handed out in (see Note [fused
+// outputs] in block_pool.h), the shared-memory window, and the GPU session
+// (device_session.h).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "core/block_pool.h"
 #include "core/collectives.h"
+#include "core/device_session.h"
 #include "core/engine_settings.h"
 #include "core/mpi_context.h"
 #include "core/pending_op.h"
@@ -33,6 +35,7 @@ class Executor {
 
  private:
   Status ExecuteBatch(const std::vector<PendingOp*>& batch, Timeline* timeline);
+  Status ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 
   const MpiContext* mpi_ = nullptr;
   FusionBuffer fusion_buffer_;
@@ -40,6 +43,7 @@ class Executor {
   // blocks are kept for the next steps.
   BlockPool output_blocks_{int64_t{256} << 20};
   ShmAllreduce shm_;
+  DeviceSession gpu_;
 };
 
 }  // namespace hvdkeras

@@ -17,10 +17,12 @@ struct FusionKey {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root_rank = 0;
+  DeviceKind device = DeviceKind::kCpu;
 
   bool operator==(const FusionKey& o) const {
     return op_type == o.op_type && dtype == o.dtype && reduce_op == o.reduce_op &&
-           prescale == o.prescale && postscale == o.postscale && root_rank == o.root_rank;
+           prescale == o.prescale && postscale == o.postscale && root_rank == o.root_rank &&
+           device == o.device;
   }
 };
 

@@ -1,24 +1,19 @@
 // Conversions between float and the two 16-bit float formats, with
 // round-to-nearest-even, so reductions of float16/bfloat16 can be computed
-// in float precision on the CPU.
+// in float precision. The CPU path and the GPU kernels (compiled by NVRTC,
+// see portable.h) both use these, so both round alike.
 #pragma once
 
-#include <cstdint>
-#include <cmath>
-#include <cstring>
+#include "core/portable.h"
 
 namespace hvdkeras {
 
-inline float BFloat16ToFloat(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+HVDKERAS_HD inline float BFloat16ToFloat(uint16_t h) {
+  return FloatOfBits(static_cast<uint32_t>(h) << 16);
 }
 
-inline uint16_t FloatToBFloat16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
+HVDKERAS_HD inline uint16_t FloatToBFloat16(float f) {
+  const uint32_t bits = BitsOfFloat(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a quiet NaN
     return static_cast<uint16_t>((bits >> 16) | 0x0040u);
   }
@@ -26,7 +21,7 @@ inline uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-inline float HalfToFloat(uint16_t h) {
+HVDKERAS_HD inline float HalfToFloat(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu;
   uint32_t mantissa = h & 0x3ffu;
@@ -48,14 +43,11 @@ inline float HalfToFloat(uint16_t h) {
   } else {
     bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+  return FloatOfBits(bits);
 }
 
-inline uint16_t FloatToHalf(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
+HVDKERAS_HD inline uint16_t FloatToHalf(float f) {
+  const uint32_t bits = BitsOfFloat(f);
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   uint32_t abs = bits & 0x7fffffffu;
   if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
@@ -79,21 +71,19 @@ inline uint16_t FloatToHalf(float f) {
 // bit if anything was lost. Rounding that float again to a format with at
 // least two fewer significand bits then gives the correctly rounded result,
 // which a plain double -> float -> half conversion does not (it rounds twice).
-inline float DoubleToFloatRoundToOdd(double d) {
+HVDKERAS_HD inline float DoubleToFloatRoundToOdd(double d) {
   float f = static_cast<float>(d);
   if (static_cast<double>(f) == d || f != f) return f;
-  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) {
-    f = std::nextafter(f, 0.0f);  // round toward zero instead
+  if (AbsDouble(static_cast<double>(f)) > AbsDouble(d)) {
+    f = TowardZero(f);  // round toward zero instead
   }
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  bits |= 1u;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+  return FloatOfBits(BitsOfFloat(f) | 1u);
 }
 
-inline uint16_t DoubleToHalf(double d) { return FloatToHalf(DoubleToFloatRoundToOdd(d)); }
-inline uint16_t DoubleToBFloat16(double d) {
+HVDKERAS_HD inline uint16_t DoubleToHalf(double d) {
+  return FloatToHalf(DoubleToFloatRoundToOdd(d));
+}
+HVDKERAS_HD inline uint16_t DoubleToBFloat16(double d) {
   return FloatToBFloat16(DoubleToFloatRoundToOdd(d));
 }
 

@@ -65,8 +65,8 @@ int64_t Request::TotalBytes() const {
 bool Request::SameSignature(const Request& other) const {
   return name == other.name && op_type == other.op_type && reduce_op == other.reduce_op &&
          prescale == other.prescale && postscale == other.postscale &&
-         root_rank == other.root_rank && dtypes == other.dtypes && shapes == other.shapes &&
-         splits == other.splits;
+         root_rank == other.root_rank && device == other.device && dtypes == other.dtypes &&
+         shapes == other.shapes && splits == other.splits;
 }
 
 namespace {
@@ -79,6 +79,7 @@ void PutRequest(Writer* w, const Request& r) {
   w->Put<double>(r.prescale);
   w->Put<double>(r.postscale);
   w->Put<int32_t>(r.root_rank);
+  w->Put<int32_t>(static_cast<int32_t>(r.device));
   w->Put<uint32_t>(static_cast<uint32_t>(r.shapes.size()));
   for (size_t i = 0; i < r.shapes.size(); ++i) {
     w->Put<int32_t>(static_cast<int32_t>(r.dtypes[i]));
@@ -101,15 +102,16 @@ bool GetInt64s(Reader* r, std::vector<int64_t>* out) {
 }
 
 bool GetRequest(Reader* r, Request* q) {
-  int32_t op_type, reduce_op;
+  int32_t op_type, reduce_op, device;
   uint32_t ntensors;
   if (!r->GetString(&q->name) || !r->Get(&q->rank) || !r->Get(&op_type) ||
       !r->Get(&reduce_op) || !r->Get(&q->prescale) || !r->Get(&q->postscale) ||
-      !r->Get(&q->root_rank) || !r->Get(&ntensors)) {
+      !r->Get(&q->root_rank) || !r->Get(&device) || !r->Get(&ntensors)) {
     return false;
   }
   q->op_type = static_cast<OpType>(op_type);
   q->reduce_op = static_cast<ReduceOp>(reduce_op);
+  q->device = static_cast<DeviceKind>(device);
   for (uint32_t i = 0; i < ntensors; ++i) {
     int32_t dtype;
     if (!r->Get(&dtype)) return false;

@@ -20,6 +20,7 @@ struct Request {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root_rank = 0;
+  DeviceKind device = DeviceKind::kCpu;  // where every tensor of the request lives
   std::vector<DataType> dtypes;  // one per tensor
   std::vector<Shape> shapes;     // one per tensor
   std::vector<int64_t> splits;   // alltoall: rows sent to each rank

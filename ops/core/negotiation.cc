@@ -268,6 +268,7 @@ PendingOp* Negotiator::StandIn(const Response& response) {
                 NumElements(ref.shape));
     ref.input = op->scratch.back().data();
     ref.output = op->scratch.back().data();
+    ref.neutral = true;
     PendingOp* owner = op.get();
     ref.allocate_output = [owner](const Shape& shape, void** data) {
       int64_t n = 1;

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/common.h"
+#include "core/element_ops.h"
 
 namespace hvdkeras {
 
@@ -17,6 +18,10 @@ void ScaleCopy(DataType dtype, const void* src, void* dst, int64_t count, double
 // integer division, which rounds toward zero. src and dst may alias.
 void FinalizeCopy(DataType dtype, const void* src, void* dst, int64_t count, int divisor,
                   double factor);
+
+// The neutral element of a reduction: 0 for Sum and Average, 1 for Product,
+// the largest value for Min, the lowest for Max.
+NeutralKind NeutralKindOf(ReduceOp op);
 
 // Fills `count` elements with the neutral element of `op` (0 for Sum and
 // Average, 1 for Product, the largest value for Min, the lowest for Max): the

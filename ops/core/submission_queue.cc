@@ -22,7 +22,7 @@ bool SubmissionQueue::running() {
   return state_ == State::kRunning;
 }
 
-Status SubmissionQueue::Submit(std::unique_ptr<PendingOp> op) {
+Status SubmissionQueue::Submit(std::unique_ptr<PendingOp>&& op) {
   std::unique_lock<std::mutex> lock(mu_);
   const std::string& name = op->request.name;
   if (state_ == State::kNeverStarted) {

@@ -34,7 +34,7 @@ class SubmissionQueue {
 
   // Framework threads. Fails (without taking the op) before Open, after a
   // shutdown, or while an op of the same name is in flight.
-  Status Submit(std::unique_ptr<PendingOp> op);
+  Status Submit(std::unique_ptr<PendingOp>&& op);
   void RequestShutdown();
   void RequestTimeline(const std::string& path, bool mark_cycles);
 

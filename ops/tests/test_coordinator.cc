@@ -402,6 +402,17 @@ TEST(ValidateMismatchMessages) {
            "Mismatched root ranks for broadcast of tensor 'b' across ranks: root 0 from rank 0; "
            "root 1 from rank 1" + tail + "root ranks under one name.");
 
+  // Devices: host memory on one rank, GPU memory on another.
+  {
+    Request gpu = Allreduce("x", 1, {2, 3});
+    gpu.device = hvdkeras::DeviceKind::kGpu;
+    CHECK_EQ(Validate({Allreduce("x", 0, {2, 3}), gpu}, 2),
+             std::string("Mismatched devices for allreduce of tensor 'x' across ranks: CPU from "
+                         "rank 0; GPU from rank 1. Every rank must hold the tensor in the same "
+                         "kind of memory: give every process a GPU (hvdkeras.pin_gpu()) or "
+                         "none."));
+  }
+
   // Op types (checked first, even when other fields differ too).
   {
     Request a = Allreduce("x", 0, {5}, DataType::kInt32);

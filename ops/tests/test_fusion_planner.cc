@@ -106,6 +106,11 @@ TEST(FusionDifferentKeysNeverShareABatch) {
     k.root_rank = 1;
     variants.push_back({"root_rank", k});
   }
+  {
+    FusionKey k;
+    k.device = hvdkeras::DeviceKind::kGpu;
+    variants.push_back({"device", k});
+  }
   for (const auto& [what, other] : variants) {
     g_current_test = what;
     CHECK(!(KeyA() == other));

@@ -47,6 +47,7 @@ TEST(RequestSameSignature) {
       [](Request* r) { r->dtypes = {DataType::kFloat64}; },
       [](Request* r) { r->shapes = {{3, 2}}; },
       [](Request* r) { r->splits = {1, 1}; },
+      [](Request* r) { r->device = hvdkeras::DeviceKind::kGpu; },
   };
   for (size_t i = 0; i < changes.size(); ++i) {
     Request c = a;
@@ -88,6 +89,7 @@ TEST(RequestEncodeDecodeRoundTrip) {
     a.op_type = OpType::kAlltoall;
     a.splits = {1, 0, 5, -3};
     a.age_seconds = 12.625;
+    a.device = hvdkeras::DeviceKind::kGpu;
     requests.push_back(a);
   }
   const std::string bytes = hvdkeras::EncodeRequests(requests);
@@ -99,6 +101,7 @@ TEST(RequestEncodeDecodeRoundTrip) {
     CHECK_EQ(decoded[i].name, requests[i].name);
   }
   if (decoded.size() > 1) CHECK_EQ(decoded[1].postscale, -1.0 / 3.0);  // bit-exact double
+  if (decoded.size() > 4) CHECK(decoded[4].device == hvdkeras::DeviceKind::kGpu);
 
   // Empty list.
   const std::string none = hvdkeras::EncodeRequests({});
@@ -124,8 +127,8 @@ TEST(RequestEncodeDecodeRoundTrip) {
   Request one = Allreduce("len", 0, {2});
   std::string corrupt = hvdkeras::EncodeRequests({one});
   // Layout: count(4) name_len(4) "len"(3) rank(4) op(4) reduce(4) pre(8)
-  // post(8) root(4) ntensors(4) dtype(4) ndims(4) ...
-  const size_t ndims_offset = 4 + 4 + 3 + 4 + 4 + 4 + 8 + 8 + 4 + 4 + 4;
+  // post(8) root(4) device(4) ntensors(4) dtype(4) ndims(4) ...
+  const size_t ndims_offset = 4 + 4 + 3 + 4 + 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4;
   const uint32_t huge = 0xffffffffu;
   std::memcpy(&corrupt[ndims_offset], &huge, sizeof(huge));
   decoded.clear();

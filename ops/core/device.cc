@@ -1,0 +1,36 @@
+#include "core/device.h"
+
+#include "core/pending_op.h"
+
+namespace hvdkeras {
+
+namespace {
+
+DeviceBackend& Registered() {
+  static DeviceBackend backend;
+  return backend;
+}
+
+}  // namespace
+
+void RegisterDeviceBackend(const DeviceBackend& backend) { Registered() = backend; }
+
+const DeviceBackend* GetDeviceBackend() {
+  return Registered().device != nullptr ? &Registered() : nullptr;
+}
+
+void DiscardReadyEvents(PendingOp* op) {
+  Device* device = nullptr;
+  for (TensorRef& t : op->tensors) {
+    if (t.ready == nullptr) continue;
+    if (device == nullptr) {
+      std::string why;
+      const DeviceBackend* backend = GetDeviceBackend();
+      device = backend ? backend->device(&why) : nullptr;
+    }
+    if (device != nullptr) device->Discard(t.ready);
+    t.ready = nullptr;
+  }
+}
+
+}  // namespace hvdkeras

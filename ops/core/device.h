@@ -1,0 +1,147 @@
+// The engine's window onto GPUs: a Device (memory, streams, events, batched
+// copies with scaling) and a DeviceCommunicator (the collectives between all
+// ranks' GPUs). The CUDA and NCCL implementations (ops/cuda/) register
+// factories when they are compiled in; the engine includes no CUDA or NCCL
+// header, and a CPU-only build has no factory.
+//
+// Note [stream order]
+// ~~~~~~~~~~~~~~~~~~~
+// GPU collectives never block the host. When an op is queued (framework
+// thread), the device records an event on the framework's stream: the
+// inputs are ready once the stream reaches it. The engine's own stream waits
+// for that event, then runs the copies and the communicator's collective,
+// all stream-ordered. Outputs the engine allocates later (allgather,
+// alltoall, reducescatter) come from the framework's allocator, so the
+// engine stream also waits for the framework stream's work up to that
+// allocation before writing them. When a batch is queued, every framework
+// stream involved waits (cudaStreamWaitEvent, no host wait) for an event
+// recorded on the engine stream, and only then is the op's done callback
+// called: everything the framework runs on its stream afterwards sees the
+// results. collective_device.cc follows this order; ops/cuda implements it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+#include "core/copy_batch.h"
+
+namespace hvdkeras {
+
+// One element-wise copy: `count` elements from src to dst.
+struct DeviceCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t count = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // What the runtime is ("CUDA runtime 12.5, driver 12.8, 2 GPUs: ...").
+  virtual std::string Describe() const = 0;
+  // How many GPUs this process sees.
+  virtual int DeviceCount() const = 0;
+  // What tells `device` apart from the host's other GPUs whatever each
+  // process's numbering (its PCI address): two ranks of one host must not
+  // share a GPU.
+  virtual std::string Identity(int device) const = 0;
+
+  // Framework thread: an event marking the work queued on `framework_stream`
+  // so far. Released by WaitFor.
+  virtual Status RecordReady(int device, void* framework_stream, void** event) = 0;
+
+  // Releases an event from RecordReady that will not be waited for (its op
+  // failed before running).
+  virtual void Discard(void* event) = 0;
+
+  // Engine thread; everything below is queued on the engine's stream of
+  // `device` and returns without waiting for the GPU.
+  // The engine stream waits for `event` (from RecordReady), then releases it.
+  virtual Status WaitFor(int device, void* event) = 0;
+  // The engine stream waits for everything queued on `framework_stream` now.
+  virtual Status WaitForStream(int device, void* framework_stream) = 0;
+  // `framework_stream` waits for everything queued on the engine stream now.
+  virtual Status Release(int device, void* framework_stream) = 0;
+  // A buffer of at least `bytes` reused across calls (`slot` tells apart
+  // buffers needed at the same time). Its contents are not kept when it grows.
+  virtual Status Scratch(int device, int slot, int64_t bytes, void** data) = 0;
+  // dst = src * factor for every copy (a factor of 1 copies). Any number of
+  // copies; one kernel launch serves up to kMaxCopiesPerLaunch of them.
+  virtual Status CopyScaled(int device, DataType dtype, const std::vector<DeviceCopy>& copies,
+                            double factor) = 0;
+  // data = data / divisor * factor (integer division when factor is 1).
+  virtual Status Finalize(int device, DataType dtype, void* data, int64_t count, int divisor,
+                          double factor) = 0;
+  // Fills `count` elements with the neutral element of `op`.
+  virtual Status FillNeutral(int device, DataType dtype, ReduceOp op, void* data,
+                             int64_t count) = 0;
+  virtual Status Zero(int device, void* data, int64_t bytes) = 0;
+};
+
+// A part of a buffer sent to or received from one rank.
+struct DeviceSegment {
+  int rank = 0;
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
+
+class DeviceCommunicator {
+ public:
+  virtual ~DeviceCommunicator() = default;
+  virtual std::string Describe() const = 0;
+  // All queued on the device's engine stream, in the order called: every
+  // rank must call them in the same order (the engine's agreed order does).
+  // send == recv reduces in place.
+  virtual Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                           ReduceOp op) = 0;
+  virtual Status Broadcast(void* data, int64_t bytes, int root) = 0;
+  // Point-to-point bytes in one group: what allgather and alltoall need.
+  virtual Status Exchange(const std::vector<DeviceSegment>& sends,
+                          const std::vector<DeviceSegment>& recvs) = 0;
+  // After a failure elsewhere, ends the communicator without waiting for
+  // the other ranks.
+  virtual void Abort() = 0;
+};
+
+// Registered by the device backend when it is compiled in.
+struct DeviceBackend {
+  const char* name = "";  // what `hvdkeras check` calls the build ("cuda")
+  // The process's Device, made on first use; null with a reason when no GPU
+  // is usable. Thread-safe.
+  Device* (*device)(std::string* why_not) = nullptr;
+  // Rank 0 makes a communicator id; every rank receives it (the engine
+  // broadcasts it) and then makes its communicator, collectively.
+  Status (*new_unique_id)(std::string* id) = nullptr;
+  Status (*make_communicator)(const std::string& id, int rank, int size, int device,
+                              std::unique_ptr<DeviceCommunicator>* out) = nullptr;
+  // What the backend was built with and which runtime libraries it finds,
+  // as "name=value" lines, for `hvdkeras check`.
+  std::string (*build_info)() = nullptr;
+  // Where to look for the runtime libraries (colon-separated directories),
+  // before the first use.
+  void (*set_library_dirs)(const std::string& dirs) = nullptr;
+  // Compiles the GPU kernels for `arch` without running them (no GPU
+  // needed): proves the run-time compiler works here. Returns their size.
+  Status (*compile_kernels)(const std::string& arch, int64_t* bytes) = nullptr;
+  // Measures packing `tensors` buffers of `bytes_each` into a fused buffer
+  // and back on GPU 0 (GB/s of data moved), against one plain
+  // device-to-device copy of the same total each way, and a scaled float32
+  // pack and unpack: results[0] packed, [1] plain, [2] scaled.
+  Status (*probe_copies)(int tensors, int64_t bytes_each, int iterations,
+                         double results[3]) = nullptr;
+};
+
+void RegisterDeviceBackend(const DeviceBackend& backend);
+
+// Releases the ready events of a GPU op that will not run (it failed before
+// its batch): see Device::Discard.
+struct PendingOp;
+void DiscardReadyEvents(PendingOp* op);
+// Null when no backend was compiled in.
+const DeviceBackend* GetDeviceBackend();
+
+}  // namespace hvdkeras

@@ -1,0 +1,139 @@
+#include "core/device_session.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+namespace hvdkeras {
+
+namespace {
+
+// Each rank's "<host>: <GPU identity>" travels in a record of this size.
+constexpr int64_t kIdentityBytes = 256;
+
+Status Refused(const std::string& why) {
+  return Status::Error(StatusCode::kPreconditionError,
+                       "hvdkeras cannot run GPU collectives: " + why);
+}
+
+std::string HostName() {
+  char name[128] = {0};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown host";
+  return name;
+}
+
+// The GPU of a batch's tensors (-1 when all are a joined rank's stand-ins);
+// a batch on two GPUs is an error.
+Status BatchOrdinal(const MpiContext& mpi, const std::vector<PendingOp*>& batch, int* ordinal) {
+  *ordinal = -1;
+  for (PendingOp* op : batch) {
+    for (const TensorRef& t : op->tensors) {
+      if (t.neutral) continue;
+      if (*ordinal < 0) *ordinal = t.device;
+      if (t.device != *ordinal) {
+        return Status::Error(StatusCode::kInvalidArgument,
+                             "collective '" + op->request.name + "' mixes GPUs " +
+                                 std::to_string(*ordinal) + " and " + std::to_string(t.device) +
+                                 " on rank " + std::to_string(mpi.rank()) +
+                                 ": hvdkeras runs one GPU per process (hvdkeras.pin_gpu()).");
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// Two ranks on one GPU (no pinning, say): names both. Identities are
+// "<host>: <GPU>", empty for a rank that has no GPU to offer.
+std::string SharedGpu(const std::vector<std::string>& identities) {
+  for (size_t a = 0; a < identities.size(); ++a) {
+    for (size_t b = a + 1; b < identities.size(); ++b) {
+      if (!identities[a].empty() && identities[a] == identities[b]) {
+        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both use " +
+               identities[a] + "; call hvdkeras.pin_gpu() after hvdkeras.init() so that each "
+               "process uses its own GPU";
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+Status DeviceSession::Prepare(const MpiContext& mpi, const std::vector<PendingOp*>& batch) {
+  int ordinal = -1;
+  Status s = BatchOrdinal(mpi, batch, &ordinal);
+  if (!s.ok()) return s;
+  if (!comm_) return Start(mpi, ordinal);
+  if (ordinal >= 0 && ordinal != ordinal_) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "rank " + std::to_string(mpi.rank()) + " used GPU " +
+                             std::to_string(ordinal_) + " and now GPU " +
+                             std::to_string(ordinal) + ": hvdkeras runs one GPU per process; "
+                             "call hvdkeras.pin_gpu() before building the model.");
+  }
+  return Status::OK();
+}
+
+Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
+  const int use = ordinal >= 0 ? ordinal : 0;
+  const DeviceBackend* backend = GetDeviceBackend();
+  std::string problem;
+  if (backend == nullptr) {
+    problem = "this op library was built without GPU support";
+  } else if ((device_ = backend->device(&problem)) == nullptr) {
+    problem = "no GPU is usable: " + problem;
+  }
+  // Every rank learns every rank's GPU, so all see the same sharing.
+  std::string mine = problem.empty() ? HostName() + ": " + device_->Identity(use) : "";
+  mine.resize(kIdentityBytes, '\0');
+  std::vector<char> all(static_cast<size_t>(kIdentityBytes * mpi.size()));
+  std::vector<int64_t> sizes(mpi.size(), kIdentityBytes), displs(mpi.size());
+  for (int r = 0; r < mpi.size(); ++r) displs[r] = r * kIdentityBytes;
+  Status s = mpi.Allgatherv(mine.data(), kIdentityBytes, all.data(), sizes, displs);
+  if (!s.ok()) return s;
+  std::vector<std::string> identities;
+  for (int r = 0; r < mpi.size(); ++r) {
+    const char* record = all.data() + r * kIdentityBytes;
+    identities.emplace_back(record, strnlen(record, kIdentityBytes));
+  }
+  const std::string shared = SharedGpu(identities);
+
+  // Rank 0 makes the communicator's id and every rank receives it; then all
+  // ranks agree that each can go on before any starts the communicator
+  // (which waits for all of them): one rank's problem makes every rank fail
+  // with a reason instead of leaving the others waiting.
+  std::string id;
+  if (mpi.rank() == 0 && problem.empty() && shared.empty()) {
+    s = backend->new_unique_id(&id);
+    if (!s.ok()) problem = s.message;
+  }
+  int64_t id_bytes = static_cast<int64_t>(id.size());
+  s = mpi.Broadcast(&id_bytes, sizeof(id_bytes), 0);
+  if (!s.ok()) return s;
+  id.resize(static_cast<size_t>(id_bytes));
+  if (id_bytes > 0) {
+    s = mpi.Broadcast(id.data(), id_bytes, 0);
+    if (!s.ok()) return s;
+  }
+  int32_t can_start = problem.empty() && shared.empty() && id_bytes > 0 ? 1 : 0;
+  s = mpi.Allreduce(nullptr, &can_start, 1, DataType::kInt32, ReduceOp::kMin);
+  if (!s.ok()) return s;
+  if (can_start == 0) {
+    if (!shared.empty()) return Refused(shared);
+    if (!problem.empty()) return Refused("on rank " + std::to_string(mpi.rank()) + ", " + problem);
+    return Refused(id_bytes == 0 ? "rank 0 could not start them"
+                                 : "another rank has no usable GPU (see its error)");
+  }
+  ordinal_ = use;
+  return backend->make_communicator(id, mpi.rank(), mpi.size(), ordinal_, &comm_);
+}
+
+void DeviceSession::Close(bool collective) {
+  if (comm_ && !collective) comm_->Abort();
+  comm_.reset();
+  device_ = nullptr;
+  ordinal_ = -1;
+}
+
+}  // namespace hvdkeras
