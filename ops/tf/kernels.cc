@@ -7,6 +7,7 @@
 
 #include "core/engine_api.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tf/gpu_placement.h"
 #include "tf/type_mapping.h"
 
 namespace tf = tensorflow;
@@ -24,15 +25,17 @@ absl::Status ToTfStatus(const Status& s) {
   }
 }
 
-// Fills in what the engine needs to know about an input: dtype, data, shape.
-absl::Status DescribeInput(const tf::Tensor& input, TensorRef* ref) {
+// Fills in what the engine needs to know about input i: dtype, data, shape,
+// and its GPU when the kernel runs on one.
+absl::Status DescribeInput(tf::OpKernelContext* ctx, int i, TensorRef* ref) {
+  const tf::Tensor& input = ctx->input(i);
   if (!ToEngineType(input.dtype(), &ref->dtype)) {
     return absl::InvalidArgumentError("hvdkeras: unsupported dtype " +
                                       tf::DataTypeString(input.dtype()));
   }
   ref->input = input.tensor_data().data();
   for (int d = 0; d < input.dims(); ++d) ref->shape.push_back(input.dim_size(d));
-  return absl::OkStatus();
+  return PlaceOnDevice(ctx, ref);
 }
 
 // Builds the engine's view of input i, with an output of the same shape that
@@ -43,7 +46,7 @@ absl::Status PrepareTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRe
   absl::Status s = ctx->forward_input_or_allocate_output({i}, i, input.shape(), &output);
   if (!s.ok()) return s;
   TensorRef ref;
-  absl::Status described = DescribeInput(input, &ref);
+  absl::Status described = DescribeInput(ctx, i, &ref);
   if (!described.ok()) return described;
   ref.output = const_cast<char*>(output->tensor_data().data());
   refs->push_back(std::move(ref));
@@ -53,9 +56,8 @@ absl::Status PrepareTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRe
 // Builds the engine's view of input i whose output i is allocated only once
 // the engine knows its shape (allgather, alltoall, reducescatter).
 absl::Status PrepareLazyTensor(tf::OpKernelContext* ctx, int i, std::vector<TensorRef>* refs) {
-  const tf::Tensor& input = ctx->input(i);
   TensorRef ref;
-  absl::Status described = DescribeInput(input, &ref);
+  absl::Status described = DescribeInput(ctx, i, &ref);
   if (!described.ok()) return described;
   ref.allocate_output = [ctx, i](const Shape& shape, void** data) {
     tf::TensorShape tf_shape;
@@ -95,9 +97,11 @@ class EngineBuffer : public tf::TensorBuffer {
 // input's when TensorFlow allows it.
 absl::Status PrepareAllreduceTensor(tf::OpKernelContext* ctx, int i,
                                     std::vector<TensorRef>* refs) {
-  const tf::Tensor& input = ctx->input(i);
+  // A GPU result is written into an output allocated now (the engine's
+  // fused blocks are host memory).
+  if (ctx->device()->device_type() != tf::DEVICE_CPU) return PrepareTensor(ctx, i, refs);
   TensorRef ref;
-  absl::Status described = DescribeInput(input, &ref);
+  absl::Status described = DescribeInput(ctx, i, &ref);
   if (!described.ok()) return described;
   ref.allocate_output = [ctx, i](const Shape&, void** data) {
     tf::Tensor* output = nullptr;
@@ -321,3 +325,21 @@ REGISTER_KERNEL_BUILDER(Name("HvdkerasAllreduce").Device(tensorflow::DEVICE_CPU)
                         hvdkeras::AllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("HvdkerasBroadcast").Device(tensorflow::DEVICE_CPU),
                         hvdkeras::BroadcastKernel);
+
+#if HVDKERAS_CUDA
+// GPU tensors stay on the GPU (the engine runs them through its device
+// backend); join and barrier carry no tensors and stay on the CPU.
+REGISTER_KERNEL_BUILDER(Name("HvdkerasAllreduce").Device(tensorflow::DEVICE_GPU),
+                        hvdkeras::AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasBroadcast").Device(tensorflow::DEVICE_GPU),
+                        hvdkeras::BroadcastKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasAllgather").Device(tensorflow::DEVICE_GPU),
+                        hvdkeras::AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasReducescatter").Device(tensorflow::DEVICE_GPU),
+                        hvdkeras::ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("HvdkerasAlltoall")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("splits")
+                            .HostMemory("received_splits"),
+                        hvdkeras::AlltoallKernel);
+#endif

@@ -1,0 +1,287 @@
+#include "cuda/cuda_device.h"
+
+#include <algorithm>
+
+#include "core/scaling.h"
+
+namespace hvdkeras {
+namespace cuda {
+
+namespace {
+
+// Scratch grows in steps of this at least, so a slowly growing batch does
+// not reallocate every step.
+constexpr int64_t kScratchGranule = int64_t{4} << 20;
+
+// Restores the calling thread's current GPU on scope exit: framework
+// threads record events on their own GPU's streams and must find their
+// current device as they left it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const Runtime& rt) : rt_(rt) {
+    if (rt_.cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) rt_.cudaSetDevice(previous_);
+  }
+
+ private:
+  const Runtime& rt_;
+  int previous_ = -1;
+};
+
+}  // namespace
+
+CudaDevice* CudaDevice::Get(std::string* why_not) {
+  static std::mutex mu;
+  static CudaDevice* device = nullptr;
+  static std::string reason;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device == nullptr && reason.empty()) {
+    std::string why;
+    const Runtime* rt = LoadRuntime(&why);
+    const Driver* driver = rt ? LoadDriver(&why) : nullptr;
+    int count = 0;
+    if (rt == nullptr) {
+      reason = "the CUDA runtime could not be loaded: " + why;
+    } else if (driver == nullptr) {
+      reason = "no NVIDIA driver is installed (libcuda.so.1 was not found)";
+    } else if (driver->cuInit(0) != CUDA_SUCCESS) {
+      reason = "the NVIDIA driver did not start (is one installed?)";
+    } else if (cudaError_t e = rt->cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+      reason = e != cudaSuccess ? std::string("CUDA found no GPU: ") + rt->cudaGetErrorString(e)
+                                : std::string("CUDA found no GPU");
+    } else {
+      device = new CudaDevice(rt, driver, count);
+    }
+  }
+  if (device == nullptr && why_not != nullptr) *why_not = reason;
+  return device;
+}
+
+std::string CudaDevice::Describe() const {
+  int runtime = 0, driver = 0;
+  rt_->cudaRuntimeGetVersion(&runtime);
+  rt_->cudaDriverGetVersion(&driver);
+  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  std::string out = "CUDA runtime " + version(runtime) + ", driver " + version(driver) + ", " +
+                    std::to_string(count_) + (count_ == 1 ? " GPU" : " GPUs");
+  for (int i = 0; i < count_; ++i) {
+    CUdevice dev;
+    char name[256] = {0};
+    if (driver_->cuDeviceGet(&dev, i) == CUDA_SUCCESS &&
+        driver_->cuDeviceGetName(name, sizeof(name) - 1, dev) == CUDA_SUCCESS) {
+      out += std::string(i == 0 ? ": " : "; ") + std::to_string(i) + " " + name;
+    }
+  }
+  return out;
+}
+
+std::string CudaDevice::Identity(int device) const {
+  char bus[64] = {0};
+  if (rt_->cudaDeviceGetPCIBusId(bus, sizeof(bus) - 1, device) != cudaSuccess) {
+    return "GPU " + std::to_string(device);
+  }
+  return std::string("GPU at PCI ") + bus;
+}
+
+Status CudaDevice::Check(cudaError_t result, const char* what) const {
+  if (result == cudaSuccess) return Status::OK();
+  std::string message = std::string("hvdkeras GPU: ") + what + " failed: " +
+                        rt_->cudaGetErrorString(result);
+  if (result == cudaErrorMemoryAllocation) {
+    message += ". TensorFlow may hold all GPU memory: call hvdkeras.pin_gpu() before building "
+               "the model (it turns on memory growth) or set TF_FORCE_GPU_ALLOW_GROWTH=true.";
+  }
+  return Status::Error(StatusCode::kPreconditionError, message);
+}
+
+Status CudaDevice::Enter(int device, PerGpu** gpu) {
+  if (device < 0 || device >= count_) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "hvdkeras GPU: device " + std::to_string(device) + " does not exist (" +
+                             std::to_string(count_) + " visible)");
+  }
+  Status s = Check(rt_->cudaSetDevice(device), "selecting the GPU");
+  if (!s.ok()) return s;
+  if (gpus_.empty()) gpus_.resize(count_);
+  if (!gpus_[device]) gpus_[device] = std::make_unique<PerGpu>();
+  PerGpu& g = *gpus_[device];
+  if (!g.ready) {
+    s = Check(rt_->cudaFree(nullptr), "starting the GPU context");
+    if (s.ok()) {
+      s = Check(rt_->cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking),
+                "creating the engine stream");
+    }
+    int pools = 0;
+    if (s.ok() && rt_->cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) ==
+                      cudaSuccess) {
+      g.async_memory = pools != 0;
+    }
+    if (s.ok()) s = g.kernels.Load(*rt_, *driver_, device);
+    if (!s.ok()) return s;
+    g.ready = true;
+  }
+  *gpu = &g;
+  return Status::OK();
+}
+
+Status CudaDevice::EngineStream(int device, cudaStream_t* stream) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  if (s.ok()) *stream = g->stream;
+  return s;
+}
+
+Status CudaDevice::Drain(int device) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  return s.ok() ? Check(rt_->cudaStreamSynchronize(g->stream), "finishing the engine stream") : s;
+}
+
+Status CudaDevice::TakeEvent(int device, PooledEvent** event) {
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    for (size_t i = 0; i < free_events_.size(); ++i) {
+      if (free_events_[i]->device != device) continue;
+      *event = free_events_[i];
+      free_events_.erase(free_events_.begin() + static_cast<std::ptrdiff_t>(i));
+      return Status::OK();
+    }
+  }
+  auto made = std::make_unique<PooledEvent>();
+  made->device = device;
+  Status s = Check(rt_->cudaEventCreateWithFlags(&made->event, cudaEventDisableTiming),
+                   "creating an event");
+  if (s.ok()) *event = made.release();
+  return s;
+}
+
+void CudaDevice::GiveEvent(PooledEvent* event) {
+  std::lock_guard<std::mutex> lock(events_mu_);
+  free_events_.push_back(event);
+}
+
+Status CudaDevice::RecordReady(int device, void* framework_stream, void** event) {
+  DeviceGuard guard(*rt_);
+  Status s = Check(rt_->cudaSetDevice(device), "selecting the GPU");
+  PooledEvent* e = nullptr;
+  if (s.ok()) s = TakeEvent(device, &e);
+  if (!s.ok()) return s;
+  s = Check(rt_->cudaEventRecord(e->event, static_cast<cudaStream_t>(framework_stream)),
+            "recording an event");
+  if (!s.ok()) {
+    GiveEvent(e);
+    return s;
+  }
+  *event = e;
+  return Status::OK();
+}
+
+void CudaDevice::Discard(void* event) { GiveEvent(static_cast<PooledEvent*>(event)); }
+
+Status CudaDevice::WaitFor(int device, void* event) {
+  PooledEvent* e = static_cast<PooledEvent*>(event);
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  // The wait binds to the event's latest record now, so the event can be
+  // reused at once.
+  if (s.ok()) s = Check(rt_->cudaStreamWaitEvent(g->stream, e->event, 0), "waiting for inputs");
+  GiveEvent(e);
+  return s;
+}
+
+Status CudaDevice::Order(int device, cudaStream_t signaller, cudaStream_t waiter) {
+  PooledEvent* e = nullptr;
+  Status s = TakeEvent(device, &e);
+  if (!s.ok()) return s;
+  s = Check(rt_->cudaEventRecord(e->event, signaller), "recording an event");
+  if (s.ok()) s = Check(rt_->cudaStreamWaitEvent(waiter, e->event, 0), "ordering streams");
+  GiveEvent(e);
+  return s;
+}
+
+Status CudaDevice::WaitForStream(int device, void* framework_stream) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  return s.ok() ? Order(device, static_cast<cudaStream_t>(framework_stream), g->stream) : s;
+}
+
+Status CudaDevice::Release(int device, void* framework_stream) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  return s.ok() ? Order(device, g->stream, static_cast<cudaStream_t>(framework_stream)) : s;
+}
+
+Status CudaDevice::Grow(PerGpu& g, ScratchBuffer& buffer, int64_t bytes) {
+  const int64_t grown = std::max(bytes, buffer.bytes + buffer.bytes / 2);
+  const int64_t wanted = (grown + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
+  Status s = Status::OK();
+  if (!g.async_memory) s = Check(rt_->cudaStreamSynchronize(g.stream), "finishing the engine stream");
+  if (s.ok() && buffer.data != nullptr) {
+    // Stream-ordered: the old buffer is freed after the work queued on it.
+    s = Check(g.async_memory ? rt_->cudaFreeAsync(buffer.data, g.stream)
+                             : rt_->cudaFree(buffer.data),
+              "freeing GPU scratch memory");
+    buffer = {};
+  }
+  if (!s.ok()) return s;
+  s = Check(g.async_memory
+                ? rt_->cudaMallocAsync(&buffer.data, static_cast<size_t>(wanted), g.stream)
+                : rt_->cudaMalloc(&buffer.data, static_cast<size_t>(wanted)),
+            "allocating GPU scratch memory");
+  if (s.ok()) buffer.bytes = wanted;
+  return s;
+}
+
+Status CudaDevice::Scratch(int device, int slot, int64_t bytes, void** data) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  if (!s.ok()) return s;
+  if (static_cast<int>(g->scratch.size()) <= slot) g->scratch.resize(slot + 1);
+  ScratchBuffer& buffer = g->scratch[slot];
+  if (buffer.bytes < bytes) {
+    s = Grow(*g, buffer, bytes);
+    if (!s.ok()) return s;
+  }
+  *data = buffer.data;
+  return Status::OK();
+}
+
+Status CudaDevice::CopyScaled(int device, DataType dtype, const std::vector<DeviceCopy>& copies,
+                              double factor) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  return s.ok() ? g->kernels.CopyScaled(dtype, copies, factor, g->stream) : s;
+}
+
+Status CudaDevice::Finalize(int device, DataType dtype, void* data, int64_t count, int divisor,
+                            double factor) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  if (!s.ok() || count == 0) return s;
+  return g->kernels.Finalize(dtype, data, count, divisor, factor, g->stream);
+}
+
+Status CudaDevice::FillNeutral(int device, DataType dtype, ReduceOp op, void* data,
+                               int64_t count) {
+  const NeutralKind kind = NeutralKindOf(op);
+  if (kind == kNeutralZero) {
+    return Zero(device, data, count * static_cast<int64_t>(DataTypeSize(dtype)));
+  }
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  if (!s.ok() || count == 0) return s;
+  return g->kernels.Fill(dtype, data, count, kind, g->stream);
+}
+
+Status CudaDevice::Zero(int device, void* data, int64_t bytes) {
+  PerGpu* g = nullptr;
+  Status s = Enter(device, &g);
+  if (!s.ok() || bytes == 0) return s;
+  return Check(rt_->cudaMemsetAsync(data, 0, static_cast<size_t>(bytes), g->stream),
+               "zeroing GPU memory");
+}
+
+}  // namespace cuda
+}  // namespace hvdkeras

@@ -1,0 +1,51 @@
+// The engine's GPU kernels (kernels.cu): compiled by NVRTC for one GPU's
+// architecture, loaded into its context, and launched on a stream.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+#include "core/device.h"
+#include "cuda/cuda_libraries.h"
+
+namespace hvdkeras {
+namespace cuda {
+
+// Compiles kernels.cu for `arch` ("sm_90"). Needs NVRTC but no GPU.
+Status CompileKernels(const std::string& arch, std::string* cubin);
+
+// The kernels loaded into the current context of one GPU.
+class Kernels {
+ public:
+  // Compiles for the current GPU and loads the result.
+  Status Load(const Runtime& rt, const Driver& driver, int device);
+
+  // One launch per kMaxCopiesPerLaunch copies; a factor of 1 copies bytes.
+  Status CopyScaled(DataType dtype, const std::vector<DeviceCopy>& copies, double factor,
+                    cudaStream_t stream) const;
+  Status Finalize(DataType dtype, void* data, int64_t count, int divisor, double factor,
+                  cudaStream_t stream) const;
+  Status Fill(DataType dtype, void* data, int64_t count, int neutral_kind,
+              cudaStream_t stream) const;
+
+ private:
+  struct Typed {
+    CUfunction copy_scaled = nullptr;
+    CUfunction finalize = nullptr;
+    CUfunction fill = nullptr;
+  };
+  const Typed* TypedFor(DataType dtype) const;
+  Status Launch(CUfunction f, int64_t elements, unsigned int copies, void** params,
+                cudaStream_t stream) const;
+
+  const Driver* driver_ = nullptr;
+  CUfunction copy_bytes_ = nullptr;
+  // Indexed by the kernel suffix (KernelSuffix in cuda_kernels.cc).
+  std::vector<Typed> typed_;
+  int multiprocessors_ = 1;
+};
+
+}  // namespace cuda
+}  // namespace hvdkeras

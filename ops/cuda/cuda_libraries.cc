@@ -1,0 +1,132 @@
+#include "cuda/cuda_libraries.h"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+namespace hvdkeras {
+namespace cuda {
+
+namespace {
+
+constexpr const char* kRuntimeName = "libcudart.so.12";
+constexpr const char* kDriverName = "libcuda.so.1";
+constexpr const char* kNvrtcName = "libnvrtc.so.12";
+constexpr const char* kNcclName = "libnccl.so.2";
+
+std::mutex& LoaderMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::vector<std::string>& LibraryDirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+
+// A library the process already has (TensorFlow's own), else the first
+// found in the given directories, else the dynamic loader's search.
+void* Open(const char* soname, std::string* why) {
+  if (void* loaded = dlopen(soname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD)) return loaded;
+  for (const std::string& dir : LibraryDirs()) {
+    const std::string path = dir + "/" + soname;
+    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) return handle;
+  }
+  if (void* handle = dlopen(soname, RTLD_NOW | RTLD_GLOBAL)) return handle;
+  const char* error = dlerror();
+  *why = std::string(soname) + " was not found (" + (error ? error : "no reason given") + ")";
+  return nullptr;
+}
+
+// Loads a library once and fills its table with `fill`; the outcome (the
+// table or the reason) is kept for every later call.
+template <typename Table, typename Fill>
+const Table* LoadOnce(const char* soname, std::string* why, Fill fill) {
+  static Table table;
+  static bool tried = false;
+  static const Table* loaded = nullptr;
+  static std::string reason;
+  std::lock_guard<std::mutex> lock(LoaderMutex());
+  if (!tried) {
+    tried = true;
+    if (void* handle = Open(soname, &reason)) {
+      std::string missing;
+      fill(handle, &table, &missing);
+      if (missing.empty()) {
+        loaded = &table;
+      } else {
+        reason = std::string(soname) + " lacks " + missing + " (too old?)";
+      }
+    }
+  }
+  if (loaded == nullptr && why != nullptr) *why = reason;
+  return loaded;
+}
+
+void* Find(void* handle, const char* name, std::string* missing) {
+  void* symbol = dlsym(handle, name);
+  if (symbol == nullptr && missing->empty()) *missing = name;
+  return symbol;
+}
+
+#define HVDKERAS_STRINGIFY(x) #x
+#define HVDKERAS_NAME_OF(x) HVDKERAS_STRINGIFY(x)
+#define HVDKERAS_FIND(name) \
+  t->name = reinterpret_cast<decltype(t->name)>(Find(handle, HVDKERAS_NAME_OF(name), missing));
+#define HVDKERAS_FIND_TYPED(name, type) HVDKERAS_FIND(name)
+
+}  // namespace
+
+void SetLibraryDirs(const std::string& dirs) {
+  std::lock_guard<std::mutex> lock(LoaderMutex());
+  std::vector<std::string>& out = LibraryDirs();
+  out.clear();
+  std::stringstream in(dirs);
+  std::string dir;
+  while (std::getline(in, dir, ':')) {
+    if (!dir.empty()) out.push_back(dir);
+  }
+}
+
+const Runtime* LoadRuntime(std::string* why) {
+  return LoadOnce<Runtime>(kRuntimeName, why, [](void* handle, Runtime* t, std::string* missing) {
+    HVDKERAS_RUNTIME_FUNCTIONS(HVDKERAS_FIND)
+    HVDKERAS_RUNTIME_OVERLOADED(HVDKERAS_FIND_TYPED)
+  });
+}
+
+const Driver* LoadDriver(std::string* why) {
+  return LoadOnce<Driver>(kDriverName, why, [](void* handle, Driver* t, std::string* missing) {
+    HVDKERAS_DRIVER_FUNCTIONS(HVDKERAS_FIND)
+  });
+}
+
+const Nvrtc* LoadNvrtc(std::string* why) {
+  return LoadOnce<Nvrtc>(kNvrtcName, why, [](void* handle, Nvrtc* t, std::string* missing) {
+    HVDKERAS_NVRTC_FUNCTIONS(HVDKERAS_FIND)
+  });
+}
+
+const Nccl* LoadNccl(std::string* why) {
+  return LoadOnce<Nccl>(kNcclName, why, [](void* handle, Nccl* t, std::string* missing) {
+    HVDKERAS_NCCL_FUNCTIONS(HVDKERAS_FIND)
+  });
+}
+
+std::string LoadedFrom(const char* soname) {
+  void* handle = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return "";
+  link_map* map = nullptr;
+  std::string path;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) {
+    path = map->l_name;
+  }
+  dlclose(handle);
+  return path;
+}
+
+}  // namespace cuda
+}  // namespace hvdkeras

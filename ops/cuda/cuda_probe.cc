@@ -1,0 +1,102 @@
+// The bandwidth probe behind examples/gpu_bandwidth_probe.py: how fast the
+// batched copy kernels pack tensors into a fused buffer and unpack them,
+// against the plain device-to-device copy of the same bytes that is their
+// ceiling. Timed with CUDA events on the engine stream of GPU 0.
+#include "cuda/cuda_probe.h"
+
+#include "core/device_packing.h"
+#include "cuda/cuda_device.h"
+
+namespace hvdkeras {
+namespace cuda {
+
+namespace {
+
+constexpr int64_t kAlignment = 256;  // as the engine's fused buffers
+
+// Milliseconds `run` takes on `stream`, per repetition.
+template <typename Run>
+Status Time(const Runtime& rt, cudaStream_t stream, int iterations, Run run, double* ms) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  rt.cudaEventCreateWithFlags(&start, cudaEventDefault);
+  rt.cudaEventCreateWithFlags(&stop, cudaEventDefault);
+  Status s = run();  // warm-up
+  if (s.ok()) rt.cudaEventRecord(start, stream);
+  for (int i = 0; i < iterations && s.ok(); ++i) s = run();
+  if (s.ok()) rt.cudaEventRecord(stop, stream);
+  float elapsed = 0.0f;
+  if (s.ok() && (rt.cudaEventSynchronize(stop) != cudaSuccess ||
+                 rt.cudaEventElapsedTime(&elapsed, start, stop) != cudaSuccess)) {
+    s = Status::Error(StatusCode::kUnknown, "hvdkeras GPU probe: timing failed");
+  }
+  rt.cudaEventDestroy(start);
+  rt.cudaEventDestroy(stop);
+  *ms = static_cast<double>(elapsed) / iterations;
+  return s;
+}
+
+}  // namespace
+
+Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double results[3]) {
+  std::string why;
+  CudaDevice* device = CudaDevice::Get(&why);
+  const Runtime* rt = LoadRuntime(&why);
+  if (device == nullptr || rt == nullptr) {
+    return Status::Error(StatusCode::kPreconditionError, "hvdkeras GPU probe: " + why);
+  }
+  if (tensors < 1 || bytes_each < 4 || bytes_each % 4 != 0 || iterations < 1) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "hvdkeras GPU probe: give tensors >= 1, bytes_each a multiple of 4, "
+                         "iterations >= 1");
+  }
+  cudaStream_t stream = nullptr;
+  Status s = device->EngineStream(0, &stream);
+  if (!s.ok()) return s;
+  const PackingPlan plan =
+      PlanPacking(std::vector<int64_t>(tensors, bytes_each), kAlignment, kMaxCopiesPerLaunch);
+  const int64_t total = bytes_each * tensors;
+  void* inputs = nullptr;
+  void* outputs = nullptr;
+  void* fused = nullptr;
+  if (rt->cudaMalloc(&inputs, total) != cudaSuccess ||
+      rt->cudaMalloc(&outputs, total) != cudaSuccess ||
+      rt->cudaMalloc(&fused, plan.total_bytes) != cudaSuccess) {
+    s = Status::Error(StatusCode::kPreconditionError, "hvdkeras GPU probe: out of GPU memory");
+  }
+  std::vector<DeviceCopy> in, out;
+  for (int i = 0; i < tensors && s.ok(); ++i) {
+    char* slot = static_cast<char*>(fused) + plan.offsets[i];
+    in.push_back({static_cast<char*>(inputs) + i * bytes_each, slot, bytes_each / 4});
+    out.push_back({slot, static_cast<char*>(outputs) + i * bytes_each, bytes_each / 4});
+  }
+  auto pack_and_unpack = [&](double factor) {
+    return [&, factor]() {
+      Status r = device->CopyScaled(0, DataType::kFloat32, in, factor);
+      return r.ok() ? device->CopyScaled(0, DataType::kFloat32, out, factor) : r;
+    };
+  };
+  auto plain = [&]() {
+    cudaError_t e = rt->cudaMemcpyAsync(fused, inputs, total, cudaMemcpyDeviceToDevice, stream);
+    if (e == cudaSuccess) {
+      e = rt->cudaMemcpyAsync(outputs, fused, total, cudaMemcpyDeviceToDevice, stream);
+    }
+    return e == cudaSuccess ? Status::OK()
+                            : Status::Error(StatusCode::kUnknown, "hvdkeras GPU probe: copy failed");
+  };
+  double ms[3] = {0, 0, 0};
+  if (s.ok()) s = Time(*rt, stream, iterations, pack_and_unpack(1.0), &ms[0]);
+  if (s.ok()) s = Time(*rt, stream, iterations, plain, &ms[1]);
+  if (s.ok()) s = Time(*rt, stream, iterations, pack_and_unpack(0.5), &ms[2]);
+  for (int i = 0; i < 3; ++i) {
+    // Bytes moved (each copy reads and writes `total` twice: in and out).
+    results[i] = ms[i] > 0 ? 2.0 * 2.0 * static_cast<double>(total) / (ms[i] * 1e6) : 0.0;
+  }
+  rt->cudaStreamSynchronize(stream);
+  for (void* p : {inputs, outputs, fused}) {
+    if (p != nullptr) rt->cudaFree(p);
+  }
+  return s;
+}
+
+}  // namespace cuda
+}  // namespace hvdkeras
