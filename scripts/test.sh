@@ -6,13 +6,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
 bash scripts/setup_env.sh >/dev/null
 status=0
-"$VENV/bin/python" -m pytest tests -q "$@" || status=$?
+# The main leg is the CUDA leg: the main environment's TensorFlow is a CUDA
+# build with CUDA headers, so the op library is built with its GPU part
+# (ops/cuda/), which must compile, link, load on this GPU-less machine and pass
+# the whole suite as a CPU build. HVDKERAS_REQUIRE_CUDA_BUILD=1 turns a silent
+# fallback to a CPU-only build into a failure (tests/test_cuda_build.py).
+HVDKERAS_REQUIRE_CUDA_BUILD="${HVDKERAS_REQUIRE_CUDA_BUILD:-1}" \
+  "$VENV/bin/python" -m pytest tests -q "$@" || status=$?
 if [[ $status -eq 5 ]]; then
   echo "test.sh: pytest collected no tests; treating that as a failure" >&2
 fi
 
 # Second leg: every other TensorFlow minor version hvdkeras supports, each in
-# its own environment (scripts/test_tf_versions.sh: the op library builds, the
+# its own environment, with the CPU-only op library (scripts/test_tf_versions.sh: it builds, the
 # collectives on 2 ranks, a model.fit equivalence, and on 2.17.1 the Parquet
 # recipe through tensorflow-io). It runs after a passing main suite that was
 # given no pytest arguments, when the time used so far leaves room for it in

@@ -10,6 +10,8 @@
 #     library and the registered ops (test_vocabulary, test_engine_settings).
 # TensorFlow 2.17.1 also gets tensorflow-io 0.37.1 (its newest release, which
 # runs only on TensorFlow 2.16-2.17) and trains the Parquet recipe for real.
+# This leg builds the CPU-only op library (HVDKERAS_CUDA=0), which is what
+# every TensorFlow without CUDA gets; the main leg builds the GPU part.
 #
 #   scripts/test_tf_versions.sh [VERSION ...]   (default: the versions below)
 #
@@ -18,6 +20,7 @@
 # Extra pytest arguments can be given after "--".
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+export HVDKERAS_CUDA=0
 
 DEFAULT_VERSIONS=(2.16.2 2.17.1 2.18.1 2.19.1 2.20.0)
 VENVS="${HVDKERAS_TF_VENVS:-build}"

@@ -127,6 +127,11 @@ def fake_inputs() -> dict:
         "python": "cpython-311",
         "source_hash": "0" * 64,
         "with_cuda": False,
+        "cuda_reason": "TensorFlow is a CPU-only build",
+        "tf_cuda_version": None,
+        "cuda_headers": None,
+        "nccl_headers": None,
+        "cuda_include_dirs": [],
     }
 
 
@@ -167,6 +172,10 @@ def test_cache_key_is_stable_and_order_independent():
         ("cxx_flags", ["-std=c++17", "-O2", "-fPIC", "-pthread"]),
         ("source_hash", "1" * 64),
         ("with_cuda", True),
+        ("tf_cuda_version", "12.5.1"),
+        ("cuda_headers", "12.5"),
+        ("nccl_headers", "2.27.7"),
+        ("cuda_include_dirs", ["/env/nvidia/nccl/include"]),
     ],
 )
 def test_cache_key_changes_with_every_input(field, value):
@@ -245,7 +254,11 @@ def test_real_build_inputs_describe_this_environment():
     assert Path(inputs["mpi_library"]).is_file()
     assert Path(inputs["mpi_library"]).name.startswith("libmpi")
     assert (Path(inputs["mpi_include"]) / "mpi.h").is_file()
-    assert inputs["with_cuda"] is False
+    # Whether the GPU part is built is tests/test_cuda_build.py's subject; here:
+    # a GPU part names the headers it uses, and they exist.
+    if inputs["with_cuda"]:
+        assert inputs["cuda_headers"] and inputs["nccl_headers"]
+        assert all(Path(d).is_dir() for d in inputs["cuda_include_dirs"])
     assert inputs["cxx_flags"] == list(toolchain.BASE_CXX_FLAGS)
     assert inputs["source_hash"] == toolchain.source_hash(toolchain.ops_source_dir())
     info = toolchain.mpi_library_info()

@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, LIBRARY_NAME,
-                                       BuildError, build_inputs, cache_key, library_path,
-                                       mpi_library_info, ops_source_dir)
+from hvdkeras.engine.cuda_build import GENERATED_SOURCES_NAME, kernel_sources_text
+from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, CUDA_SUBDIR,
+                                       LIBRARY_NAME, BuildError, build_inputs, cache_key,
+                                       library_path, mpi_library_info, ops_source_dir)
 
 _ERROR_TAIL_CHARS = 4000
 
@@ -40,10 +41,11 @@ last_build_performed: bool = False
 # --------------------------------------------------------------------------
 
 
-def compiled_sources(source_dir: Path) -> list[Path]:
-    """The ``.cc`` files that make up the library (``core/`` and ``tf/``)."""
+def compiled_sources(source_dir: Path, with_cuda: bool = False) -> list[Path]:
+    """The ``.cc`` files that make up the library (``core/``, ``tf/``, and ``cuda/``
+    for a build with a GPU part)."""
     files: list[Path] = []
-    for subdir in COMPILED_SUBDIRS:
+    for subdir in COMPILED_SUBDIRS + ((CUDA_SUBDIR,) if with_cuda else ()):
         files += (Path(source_dir) / subdir).rglob("*.cc")
     return sorted(files)
 
@@ -54,17 +56,27 @@ def _object_path(source: Path, source_dir: Path, objdir: Path) -> Path:
     return Path(objdir) / "__".join(relative.parts)
 
 
-def compile_commands(inputs: dict, src: Path, objdir: Path) -> list[list[str]]:
-    """One compiler command per library source; each ends with ``-o <object in objdir>``."""
+def compile_commands(inputs: dict, src: Path, objdir: Path,
+                     generated: Path | None = None) -> list[list[str]]:
+    """One compiler command per library source; each ends with ``-o <object in objdir>``.
+
+    A build with a GPU part also compiles ``cuda/`` with ``HVDKERAS_CUDA=1``,
+    the CUDA and NCCL headers, and ``generated`` (the kernel sources as text).
+    """
     src = Path(src)
+    with_cuda = bool(inputs.get("with_cuda"))
     flags = [*inputs["cxx_flags"], f"-I{src}"]
     if inputs.get("mpi_include"):
         flags.append(f"-I{inputs['mpi_include']}")
+    if with_cuda:
+        flags += ["-DHVDKERAS_CUDA=1", *(f"-I{d}" for d in inputs["cuda_include_dirs"])]
+        if generated is not None:
+            flags.append(f"-I{generated}")
     flags += inputs["tf_compile_flags"]
     compiler = inputs.get("compiler") or "g++"
     return [
         [compiler, *flags, "-c", str(source), "-o", str(_object_path(source, src, objdir))]
-        for source in compiled_sources(src)
+        for source in compiled_sources(src, with_cuda)
     ]
 
 
@@ -88,6 +100,8 @@ def link_command(inputs: dict, objects: list[Path], output: Path) -> list[str]:
     tf_dir = tf_library_dir(inputs["tf_link_flags"])
     if tf_dir:
         command.append(f"-Wl,-rpath,{tf_dir}")
+    if inputs.get("with_cuda"):
+        command.append("-ldl")  # the GPU part loads CUDA and NCCL with dlopen
     return command
 
 
@@ -150,13 +164,20 @@ def _compile_library(inputs: dict, source_dir: Path, workdir: Path, verbose: boo
     """Compile and link into ``workdir``; return the library path there."""
     objdir = workdir / "obj"
     objdir.mkdir()
-    commands = compile_commands(inputs, source_dir, objdir)
+    generated = None
+    if inputs.get("with_cuda"):
+        generated = workdir / "generated"
+        generated.mkdir()
+        (generated / GENERATED_SOURCES_NAME).write_text(kernel_sources_text(source_dir))
+    commands = compile_commands(inputs, source_dir, objdir, generated)
     if not commands:
         raise BuildError(f"no .cc files under {source_dir}/core or {source_dir}/tf")
     _compile_all(commands, verbose)
     output = workdir / LIBRARY_NAME
     _run_tool(link_command(inputs, [Path(c[-1]) for c in commands], output), verbose)
     shutil.rmtree(objdir)
+    if generated is not None:
+        shutil.rmtree(generated)
     return output
 
 
@@ -167,9 +188,9 @@ def _write_build_info(directory: Path, inputs: dict, key: str, seconds: float) -
         "key": key,
         "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "build_seconds": round(seconds, 2),
-        "device": "CPU",
-        "cuda": False,
-        "nccl": False,
+        "device": "CUDA" if inputs.get("with_cuda") else "CPU",
+        "cuda": inputs.get("cuda_headers") or False,
+        "nccl": inputs.get("nccl_headers") or False,
     }
     (directory / BUILD_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
@@ -200,8 +221,9 @@ def _install_directory(staged: Path, final: Path) -> None:
 def _build_into_cache(inputs: dict, key: str, source_dir: Path, verbose: bool) -> None:
     """Compile in a temporary sibling directory, then move it to the cache entry."""
     final = library_path(key).parent
+    gpu_part = " with its GPU part (CUDA)" if inputs.get("with_cuda") else ""
     print(
-        f"hvdkeras: building op library for TF {inputs['tf_version']} (key {key})",
+        f"hvdkeras: building op library{gpu_part} for TF {inputs['tf_version']} (key {key})",
         file=sys.stderr,
         flush=True,
     )

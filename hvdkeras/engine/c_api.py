@@ -38,6 +38,17 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_current_params.restype = None
     lib.hvdkeras_build_flavor.argtypes = []
     lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
+    lib.hvdkeras_gpu_set_library_dirs.argtypes = [ctypes.c_char_p]
+    lib.hvdkeras_gpu_set_library_dirs.restype = None
+    for name in ("hvdkeras_gpu_probe", "hvdkeras_gpu_build_info"):
+        getattr(lib, name).argtypes = [ctypes.c_char_p, ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_int
+    lib.hvdkeras_gpu_compile_kernels.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_gpu_compile_kernels.restype = ctypes.c_int
+    lib.hvdkeras_gpu_probe_copies.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int,
+                                              ctypes.POINTER(ctypes.c_double), ctypes.c_char_p,
+                                              ctypes.c_int]
+    lib.hvdkeras_gpu_probe_copies.restype = ctypes.c_int
     return lib
 
 
@@ -83,6 +94,55 @@ def start(lib: ctypes.CDLL, fortran_comm: int, config: Any) -> None:
                                    len(error))
     if rc != 0:
         raise RuntimeError(f"hvdkeras engine failed to start: {error.value.decode()}")
+
+
+def build_flavor(lib: ctypes.CDLL) -> str:
+    """"cpu", or the GPU backend the library was built with ("cuda")."""
+    return lib.hvdkeras_build_flavor().decode()
+
+
+def gpu_probe(lib: ctypes.CDLL) -> tuple[int, str]:
+    """(number of usable GPUs, description); (-1, the reason) when there are none."""
+    text = ctypes.create_string_buffer(ERROR_CAPACITY)
+    count = lib.hvdkeras_gpu_probe(text, len(text))
+    return count, text.value.decode(errors="replace")
+
+
+def gpu_build_info(lib: ctypes.CDLL) -> Dict[str, str]:
+    """What the GPU part was built with and the libraries it finds ({} without one)."""
+    text = ctypes.create_string_buffer(ERROR_CAPACITY * 4)
+    if lib.hvdkeras_gpu_build_info(text, len(text)) != 0:
+        return {}
+    return parse_settings(text.value.decode(errors="replace"))
+
+
+def gpu_compile_kernels(lib: ctypes.CDLL, arch: str) -> int:
+    """Compiles the GPU kernels for `arch` ("sm_90"; no GPU needed); returns their size.
+
+    Raises:
+        RuntimeError: with the compiler's message.
+    """
+    text = ctypes.create_string_buffer(ERROR_CAPACITY * 16)
+    if lib.hvdkeras_gpu_compile_kernels(arch.encode(), text, len(text)) != 0:
+        raise RuntimeError(text.value.decode(errors="replace"))
+    return int(text.value.decode())
+
+
+def gpu_probe_copies(lib: ctypes.CDLL, tensors: int, bytes_each: int,
+                     iterations: int) -> Dict[str, float]:
+    """GB/s of the GPU's batched pack and unpack ("packed"), of a plain
+    device-to-device copy of the same bytes ("plain") and of a scaled float32
+    pack and unpack ("scaled").
+
+    Raises:
+        RuntimeError: without a usable GPU, with the reason.
+    """
+    results = (ctypes.c_double * 3)()
+    text = ctypes.create_string_buffer(ERROR_CAPACITY)
+    if lib.hvdkeras_gpu_probe_copies(tensors, bytes_each, iterations, results, text,
+                                     len(text)) != 0:
+        raise RuntimeError(text.value.decode(errors="replace"))
+    return {"packed": results[0], "plain": results[1], "scaled": results[2]}
 
 
 def current_params(lib: ctypes.CDLL) -> tuple[int, float]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hvdkeras import compat
-from hvdkeras.engine import build, c_api, types
+from hvdkeras.engine import build, c_api, cuda_build, types
 
 _lock = threading.Lock()
 _ops_module: Any = None
@@ -48,6 +48,10 @@ def load() -> tuple[Any, ctypes.CDLL]:
             _ops_module = tf.load_op_library(str(path))
             compat.exempt_from_program_order(COLLECTIVE_OP_TYPES)
             _cdll = c_api.bind(ctypes.CDLL(str(path)))
+            # Where a GPU build finds the CUDA runtime, NVRTC and NCCL when
+            # TensorFlow has not loaded them already: the NVIDIA wheels.
+            dirs = ":".join(str(d) for d in cuda_build.wheel_dirs("lib"))
+            _cdll.hvdkeras_gpu_set_library_dirs(dirs.encode())
             _path = path
         return _ops_module, _cdll
 

@@ -2,7 +2,8 @@
 
 The binary depends on the installed TensorFlow (headers, ABI flags, framework
 library), on the MPI library that mpi4py has loaded into this process, on the
-C++ compiler and on the op sources. All of those go into ``build_inputs()``;
+C++ compiler, on the op sources and, for a build with a GPU part, on the CUDA
+and NCCL headers (``hvdkeras.engine.cuda_build``). All of those go into ``build_inputs()``;
 ``cache_key()`` hashes them, so any change of one of them selects a fresh
 cache entry ``<cache_root>/ops/<key>/libhvdkeras_ops.so``
 (``hvdkeras.engine.build`` compiles into it).
@@ -22,10 +23,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hvdkeras.engine import cuda_build
+
 LIBRARY_NAME = "libhvdkeras_ops.so"
 BUILD_INFO_NAME = "build_info.json"
 SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".def")
 COMPILED_SUBDIRS = ("core", "tf")
+CUDA_SUBDIR = "cuda"  # compiled too when the build has a GPU part
 EXCLUDED_SUBDIRS = ("tests",)
 # -O3 because GCC vectorizes the engine's elementwise loops (reductions,
 # scaling) only from -O3: a float32 sum runs 3.5x faster than at -O2 here.
@@ -178,14 +182,16 @@ def _compiler_version(compiler: str | None) -> str | None:
     return lines[0] if lines else None
 
 
-def _tensorflow_flags() -> tuple[str, list[str], list[str]]:
-    """TensorFlow version, custom-op compile flags and link flags."""
+def _tensorflow_flags() -> tuple[str, list[str], list[str], dict, Path]:
+    """TensorFlow version, custom-op compile and link flags, build info, include dir."""
     import tensorflow as tf  # lazy: seconds to import; only building needs its flags
 
     return (
         tf.__version__,
         list(tf.sysconfig.get_compile_flags()),
         list(tf.sysconfig.get_link_flags()),
+        dict(tf.sysconfig.get_build_info()),
+        Path(tf.sysconfig.get_include()),
     )
 
 
@@ -217,7 +223,7 @@ def build_inputs(source_dir: Path | None = None) -> dict:
     source_dir = Path(source_dir) if source_dir else ops_source_dir()
     if not source_dir.is_dir():
         raise BuildError(f"op sources not found at {source_dir}")
-    tf_version, compile_flags, link_flags = _tensorflow_flags()
+    tf_version, compile_flags, link_flags, tf_build, tf_include = _tensorflow_flags()
     mpi = mpi_library_info()
     compiler = _compiler()
     return {
@@ -232,7 +238,7 @@ def build_inputs(source_dir: Path | None = None) -> dict:
         "mpi_include": mpi["include_dir"],
         "python": sys.implementation.cache_tag,
         "source_hash": source_hash(source_dir),
-        "with_cuda": False,
+        **cuda_build.cuda_inputs(tf_build, tf_include, source_dir),
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import sys
 from typing import Any, Optional
 
 from hvdkeras.engine import c_api, library, tf_threads
@@ -148,6 +149,26 @@ def init(comm: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+    _announce_gpu_part(lib, _world.rank == 0)
+
+
+_gpu_announced = False
+
+
+def _announce_gpu_part(lib: Any, is_rank0: bool) -> None:
+    """Says once (rank 0) when the library has a GPU part but no GPU is usable.
+
+    Such a library works as a CPU build: GPU tensors never reach it, since
+    TensorFlow then has no GPU to place them on.
+    """
+    global _gpu_announced
+    if _gpu_announced or not is_rank0 or c_api.build_flavor(lib) == "cpu":
+        return
+    _gpu_announced = True
+    count, description = c_api.gpu_probe(lib)
+    if count < 0:
+        print(f"hvdkeras: the op library has its GPU part, but {description}; "
+              "collectives run on the CPU", file=sys.stderr, flush=True)
 
 
 def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> None:

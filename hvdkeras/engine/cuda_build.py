@@ -1,0 +1,223 @@
+"""Whether and how the op library's GPU part (``ops/cuda/``) is built.
+
+The GPU part is compiled by the host C++ compiler alone: it calls the CUDA
+runtime, the driver, NVRTC and NCCL through ``dlopen`` (so it links none of
+them), and its kernels are compiled at run time by NVRTC for the GPU in use.
+What it needs at build time is headers of the CUDA version TensorFlow was
+built with (TensorFlow's GPU wheel ships them) and ``nccl.h``.
+
+``HVDKERAS_CUDA`` decides: ``1`` builds the GPU part or fails saying what
+is missing, ``0`` never builds it, unset builds it when TensorFlow is a CUDA
+build and the headers are found. ``decide`` is the pure rule; ``cuda_inputs``
+gathers the facts it needs and what the build records (and hashes into the
+cache key).
+
+What may import this module: the rest of ``hvdkeras.engine`` and the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Iterable, Mapping
+
+ENV_VARIABLE = "HVDKERAS_CUDA"
+GENERATED_SOURCES_NAME = "cuda_kernel_sources.inc"
+KERNEL_SOURCE = Path("cuda") / "kernels.cu"
+# The NVIDIA wheels whose lib/ folders hold what the GPU part loads.
+RUNTIME_WHEELS = ("cuda_runtime", "cuda_nvrtc", "nccl")
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+_RAW_DELIMITER = "hvdkeras_source"
+# Where CUDA toolkits live when $CUDA_HOME / $CUDA_PATH do not say.
+SYSTEM_CUDA_HOMES = ("/usr/local/cuda",)
+
+
+class CudaBuildError(RuntimeError):
+    """HVDKERAS_CUDA=1, but the GPU part cannot be built here; says what is missing."""
+
+
+def requested(environ: Mapping[str, str] | None = None) -> bool | None:
+    """``HVDKERAS_CUDA`` as True (1), False (0) or None (unset: decide automatically).
+
+    Raises:
+        CudaBuildError: for any other value.
+    """
+    value = (os.environ if environ is None else environ).get(ENV_VARIABLE, "").strip()
+    if value == "":
+        return None
+    if value in ("0", "1"):
+        return value == "1"
+    raise CudaBuildError(f"{ENV_VARIABLE}={value!r}: use 1 (build the GPU part), 0 (do not) "
+                         "or leave it unset (build it when TensorFlow is a CUDA build)")
+
+
+def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
+           has_gpu_sources: bool = True) -> tuple[bool, str]:
+    """Whether to build the GPU part, and why (or why not).
+
+    Args:
+        wanted: ``requested()``: True, False or None (automatic).
+        tf_cuda_version: the CUDA version TensorFlow was built with ("12.5.1"),
+            or None for a CPU-only TensorFlow.
+        headers: ``find_headers()``'s result: ``cuda_version`` of the CUDA
+            headers found ("12.5", or None) and ``nccl_version`` ("2.27.7" or None).
+        has_gpu_sources: whether the op sources hold the GPU part (``cuda/``).
+
+    Returns:
+        (build it, a sentence saying why).
+
+    Raises:
+        CudaBuildError: when ``wanted`` is True and something is missing.
+
+    Example:
+    >>> decide(None, None, {})
+    (False, 'TensorFlow is a CPU-only build')
+    """
+    if wanted is False:
+        return False, f"{ENV_VARIABLE}=0"
+    problem = None
+    if not has_gpu_sources:
+        problem = "the op sources have no GPU part (cuda/kernels.cu)"
+    elif tf_cuda_version is None:
+        problem = "TensorFlow is a CPU-only build"
+    elif headers.get("cuda_version") is None:
+        problem = ("no CUDA headers were found (TensorFlow's GPU wheel ships them under "
+                   "tensorflow/include/third_party/gpus/cuda/include)")
+    elif headers["cuda_version"].split(".")[0] != tf_cuda_version.split(".")[0]:
+        problem = (f"the CUDA headers found are version {headers['cuda_version']}, but "
+                   f"TensorFlow was built with CUDA {tf_cuda_version}")
+    elif headers.get("nccl_version") is None:
+        problem = "nccl.h was not found (pip install nvidia-nccl-cu12)"
+    if problem is None:
+        return True, (f"TensorFlow is built with CUDA {tf_cuda_version}; CUDA headers "
+                      f"{headers['cuda_version']}, NCCL headers {headers['nccl_version']}")
+    if wanted:
+        raise CudaBuildError(f"{ENV_VARIABLE}=1 but the GPU part cannot be built: {problem}.")
+    return False, problem
+
+
+def _site_dirs() -> list[Path]:
+    """The directories Python imports packages from (where the NVIDIA wheels unpack)."""
+    return [Path(p) for p in sys.path if p and Path(p).is_dir()]
+
+
+def wheel_dirs(part: str, sites: Iterable[Path] | None = None) -> list[Path]:
+    """``<site>/nvidia/<wheel>/<part>`` for every installed NVIDIA runtime wheel we use."""
+    found = []
+    for site in _site_dirs() if sites is None else sites:
+        for wheel in RUNTIME_WHEELS:
+            directory = Path(site) / "nvidia" / wheel / part
+            if directory.is_dir() and directory not in found:
+                found.append(directory)
+    return found
+
+
+def _header_version(path: Path, pattern: str, parts: int) -> str | None:
+    """A version from ``#define`` lines of a header, or None if the header is missing."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(pattern, text, re.MULTILINE)
+    if not match:
+        return None
+    code = int(match.group(1))
+    if parts == 2:  # CUDA_VERSION: major * 1000 + minor * 10
+        return f"{code // 1000}.{code % 1000 // 10}"
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"  # NCCL_VERSION_CODE
+
+
+def find_headers(tf_include: Path | None, sites: Iterable[Path] | None = None) -> dict:
+    """The CUDA and NCCL include directories to build with, and their versions.
+
+    CUDA headers come from TensorFlow's wheel (the version it was built with)
+    or ``$CUDA_HOME``; ``nccl.h`` from the nvidia-nccl-cu12 wheel, TensorFlow's
+    wheel or the system, in that order.
+    """
+    cuda_candidates = []
+    if tf_include is not None:
+        bundled = Path(tf_include) / "third_party" / "gpus" / "cuda"
+        cuda_candidates.append((bundled / "include", [bundled / "libcudacxx" / "include"]))
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *SYSTEM_CUDA_HOMES):
+        if home:
+            cuda_candidates.append((Path(home) / "include", [Path(home) / "include" / "cccl"]))
+    result: dict = {"cuda_version": None, "nccl_version": None, "include_dirs": []}
+    for include, extras in cuda_candidates:
+        version = _header_version(include / "cuda.h", r"^#define CUDA_VERSION (\d+)", 2)
+        if version is not None:
+            result["cuda_version"] = version
+            result["include_dirs"] = [str(include)] + [str(e) for e in extras if e.is_dir()]
+            break
+    nccl_candidates = [d for d in wheel_dirs("include", sites) if (d / "nccl.h").is_file()]
+    if tf_include is not None:
+        nccl_candidates.append(Path(tf_include) / "external" / "cuda_nccl" / "include")
+    nccl_candidates.append(Path("/usr/include"))
+    for include in nccl_candidates:
+        version = _header_version(include / "nccl.h", r"^#define NCCL_VERSION_CODE (\d+)", 3)
+        if version is not None:
+            result["nccl_version"] = version
+            # First, so this nccl.h wins over any other on the include path.
+            result["include_dirs"].insert(0, str(include))
+            break
+    return result
+
+
+def cuda_inputs(tf_build_info: Mapping, tf_include: Path | None, source_dir: Path,
+                environ: Mapping[str, str] | None = None) -> dict:
+    """What the build records about the GPU part (all of it goes into the cache key)."""
+    tf_cuda = tf_build_info.get("cuda_version") if tf_build_info.get("is_cuda_build") else None
+    headers = find_headers(tf_include)
+    build, reason = decide(requested(environ), tf_cuda, headers,
+                           (Path(source_dir) / KERNEL_SOURCE).is_file())
+    return {
+        "with_cuda": build,
+        "cuda_reason": reason,
+        "tf_cuda_version": tf_cuda,
+        "cuda_headers": headers["cuda_version"] if build else None,
+        "nccl_headers": headers["nccl_version"] if build else None,
+        "cuda_include_dirs": headers["include_dirs"] if build else [],
+    }
+
+
+def _included(text: str) -> list[str]:
+    return _INCLUDE.findall(text)
+
+
+def kernel_source_files(source_dir: Path) -> list[str]:
+    """kernels.cu's quoted includes, transitively, relative to ``source_dir``, in a stable order."""
+    pending = _included((Path(source_dir) / KERNEL_SOURCE).read_text())
+    seen: list[str] = []
+    while pending:
+        name = pending.pop(0)
+        if name in seen:
+            continue
+        seen.append(name)
+        pending += _included((Path(source_dir) / name).read_text())
+    return seen
+
+
+def _raw_string(text: str) -> str:
+    if f"){_RAW_DELIMITER}" in text:
+        raise CudaBuildError(f"a kernel source contains the delimiter ){_RAW_DELIMITER}")
+    return f'R"{_RAW_DELIMITER}({text}){_RAW_DELIMITER}"'
+
+
+def kernel_sources_text(source_dir: Path) -> str:
+    """The C++ that builds kernels.cu and its headers into the library as text.
+
+    NVRTC compiles from these strings at run time, so the installed library
+    needs no source files.
+    """
+    source_dir = Path(source_dir)
+    headers = kernel_source_files(source_dir)
+    names = ", ".join(f'"{name}"' for name in headers)
+    texts = ",\n".join(_raw_string((source_dir / name).read_text()) for name in headers)
+    return (
+        "// Generated by hvdkeras/engine/cuda_build.py: kernels.cu and the headers it includes.\n"
+        f"static const char kKernelSource[] = {_raw_string((source_dir / KERNEL_SOURCE).read_text())};\n"
+        f"static const char* const kKernelHeaderNames[] = {{{names}}};\n"
+        f"static const char* const kKernelHeaderTexts[] = {{\n{texts}}};\n"
+        f"static const int kKernelHeaderCount = {len(headers)};\n"
+    )
