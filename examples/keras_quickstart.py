@@ -14,7 +14,6 @@ import argparse
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import hvdkeras as hvd                                   # hvdkeras: import
 
@@ -24,11 +23,7 @@ parser.add_argument("--checkpoint-dir", default=None)
 args = parser.parse_args()
 
 hvd.init()                                               # hvdkeras: start (once, first)
-
-# hvdkeras: on GPU machines, one GPU per process on each host.
-gpus = tf.config.list_physical_devices("GPU")
-if gpus:
-    tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+hvd.pin_gpu()                                            # hvdkeras: one GPU per process
 
 
 def load_data(seed, rows=4096):

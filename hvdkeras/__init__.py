@@ -33,6 +33,8 @@ _PUBLIC: Dict[str, str] = {
         ("init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
          "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
          "start_timeline", "stop_timeline", "engine_config"), "hvdkeras.engine.world"),
+    # GPUs.
+    "pin_gpu": "hvdkeras.gpu.pin",
     # Reductions.
     **dict.fromkeys(("Average", "Sum", "Min", "Max", "Product"), "hvdkeras.engine.types"),
     # Collectives.
@@ -89,6 +91,7 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
                                        is_homogeneous, is_initialized, local_rank, local_size,
                                        mpi_threads_supported, rank, shutdown, size,
                                        start_timeline, stop_timeline)
+    from hvdkeras.gpu.pin import pin_gpu
     from hvdkeras.recipes import load_recipe
     from hvdkeras.recipes.validation import RecipeError
     from hvdkeras.runner.function_runner import RankFailedError, Runner, run

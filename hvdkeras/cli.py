@@ -25,6 +25,7 @@ import yaml
 import hvdkeras
 from hvdkeras.engine import build, toolchain
 from hvdkeras.engine.world import thread_level_name
+from hvdkeras.gpu.report import gpu_rows
 from hvdkeras.recipes import RecipeError, bundled_recipes, find_recipe, load_recipe
 from hvdkeras.recipes import launching
 from hvdkeras.recipes.yaml_source import SourceError, load_file
@@ -128,9 +129,8 @@ def _op_library_rows() -> list[tuple[str, object]]:
         ("op library", library),
         ("built for", f"TensorFlow {info.get('tf_version')} on {info.get('built_at')}"),
         ("device", info.get("device")),
-        ("CUDA", info.get("cuda")),
-        ("NCCL", info.get("nccl")),
         ("up to date", status),
+        *gpu_rows(info),
     ]
 
 

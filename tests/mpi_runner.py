@@ -51,11 +51,19 @@ def mpiexec_path() -> Path:
     return Path(sys.executable).parent / "mpiexec"
 
 
+# Jobs run their ranks on GPUs only when asked (tests/test_gpu.py sets it to
+# "GPU"); otherwise they hide the GPUs, so that on a GPU machine the suite's
+# ranks still test the CPU path and do not all land on GPU 0.
+TEST_DEVICE = "HVDKERAS_TEST_DEVICE"
+
+
 def _child_env(env: Optional[Mapping[str, str]]) -> dict:
     full = dict(os.environ)
     full["TF_CPP_MIN_LOG_LEVEL"] = "2"
     full["PYTHONUNBUFFERED"] = "1"
     full.update(env or {})
+    if full.get(TEST_DEVICE) != "GPU":
+        full["CUDA_VISIBLE_DEVICES"] = ""
     return full
 
 

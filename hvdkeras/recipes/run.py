@@ -21,9 +21,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
-import tensorflow as tf
-
 from hvdkeras.engine import world
+from hvdkeras.gpu.pin import pin_gpu
 from hvdkeras.recipes import load_recipe
 from hvdkeras.recipes.data_files import DataError
 from hvdkeras.recipes.launching import engine_env
@@ -64,23 +63,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return train(recipe, args.summary_json)
 
 
-def pin_gpu() -> None:
-    """On GPU machines: one GPU per rank on each host (local rank), memory on demand."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return
-    gpu = gpus[world.local_rank() % len(gpus)]
-    tf.config.set_visible_devices(gpu, "GPU")
-    try:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    except (ValueError, RuntimeError):  # already initialized: keep TF's setting
-        pass
-
-
 def train(recipe: dict, summary_json: Optional[str] = None) -> int:
     """Starts hvdkeras (if needed) and trains `recipe`; returns the exit code."""
     world.init()
-    pin_gpu()
+    pin_gpu()  # one GPU per rank, where there are GPUs
     try:
         run(recipe, summary_json=summary_json)
     except DataError as error:

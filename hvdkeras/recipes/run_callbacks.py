@@ -15,6 +15,7 @@ import keras
 
 from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback
 from hvdkeras.callbacks.checkpoint import CheckpointCallback
+from hvdkeras.callbacks.gpu_stats import GPUStatsCallback
 from hvdkeras.callbacks.metric_average import MetricAverageCallback
 from hvdkeras.training import lr_variable
 
@@ -96,6 +97,9 @@ def make_callbacks(recipe: dict, rank: int, steps_per_epoch: int, total_batches:
     if total_batches is not None:
         callbacks.append(StopAtStep(total_batches, steps_per_epoch))
     sections = recipe["callbacks"]
+    if sections["gpu_stats"]:
+        # Before the loggers, so their epoch records hold the GPU figures.
+        callbacks.append(GPUStatsCallback())
     early = sections["early_stopping"]
     if early is not None:
         callbacks.append(keras.callbacks.EarlyStopping(

@@ -34,7 +34,7 @@ A recipe, with the defaults::
       backward_passes_per_step: 1
     training: {epochs: 10, steps: null, steps_per_epoch: null, loss: ..., metrics: [accuracy], ...}
     checkpoint: null              # {dir, keep: 3, best_only: false, monitor: val_loss, mode: auto, resume: true}
-    callbacks: {early_stopping: null, tensorboard: null, csv_logger: null}
+    callbacks: {early_stopping: null, tensorboard: null, csv_logger: null, gpu_stats: false}
     engine: {fusion_threshold: null, cycle_time_ms: null, timeline: null, autotune: null}
 """
 
@@ -178,6 +178,9 @@ CALLBACKS = Map({
     "early_stopping": Field(Nullable(EARLY_STOPPING)),
     "tensorboard": Field(Nullable(TENSORBOARD)),
     "csv_logger": Field(Nullable(CSV_LOGGER)),
+    "gpu_stats": Field(Bool(), default=False,
+                       help="each rank's GPU utilization, memory, power and temperature "
+                            "in the epoch logs (NVML)"),
 }, what="the callbacks section")
 
 ENGINE = Map({

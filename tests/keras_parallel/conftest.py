@@ -21,6 +21,8 @@ def hvdkeras_world():
     import hvdkeras
 
     hvdkeras.init()
+    if os.environ.get("HVDKERAS_TEST_DEVICE") == "GPU":  # tests/test_gpu.py
+        hvdkeras.pin_gpu()
     yield
     hvdkeras.shutdown()
 

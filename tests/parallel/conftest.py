@@ -21,6 +21,8 @@ def hvdkeras_world():
     safe either way.
     """
     hvdkeras.init()
+    if os.environ.get("HVDKERAS_TEST_DEVICE") == "GPU":  # tests/test_gpu.py
+        hvdkeras.pin_gpu()
     expected = os.environ.get("HVDKERAS_EXPECTED_SIZE")
     assert expected is None or hvdkeras.size() == int(expected), (
         f"launched as {expected} ranks, but hvdkeras sees a world of {hvdkeras.size()}")
