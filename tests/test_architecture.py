@@ -107,6 +107,28 @@ def test_no_source_file_is_over_the_size_limit():
     assert too_long == {}
 
 
+C_INCLUDE = re.compile(r'^\s*#\s*include\s+[<"]([^>"]+)[>"]', re.M)
+# Which headers each C++ layer may not include (by path prefix or name).
+FORBIDDEN_INCLUDES = {
+    "core": ("tensorflow/", "xla/", "cuda", "nccl.h", "nvrtc.h", "cuda/"),
+    "cuda": ("tensorflow/", "xla/", "tf/"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN_INCLUDES))
+def test_cpp_layers_include_only_what_they_may(layer):
+    """The engine includes no TensorFlow, CUDA or NCCL header (GPUs are behind
+    core/device.h); the CUDA backend includes no TensorFlow header."""
+    wrong = []
+    for path in sorted((REPO / "ops" / layer).rglob("*")):
+        if path.suffix not in (".h", ".cc", ".cu"):
+            continue
+        for header in C_INCLUDE.findall(path.read_text()):
+            if header.startswith(FORBIDDEN_INCLUDES[layer]):
+                wrong.append(f"{path.relative_to(REPO)}: {header}")
+    assert wrong == []
+
+
 def test_tensorflow_and_keras_internals_are_used_only_in_compat():
     internal = re.compile(r"^\s*(from|import)\s+(tensorflow\.python|keras\.src)\b", re.M)
     users = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")

@@ -246,12 +246,16 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
   s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan.total_bytes, &scratch);
   if (!s.ok()) return s;
   char* buffer = static_cast<char*>(scratch);
+  // The root packs its inputs; every rank then unpacks into its outputs (the
+  // root too, where its output is not its input buffer).
   std::vector<DeviceCopy> in, out;
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRef& t = *tensors[i];
     if (sizes[i] == 0 || t.neutral) continue;
     in.push_back({t.input, buffer + plan.offsets[i], sizes[i]});
-    out.push_back({buffer + plan.offsets[i], t.output, sizes[i]});
+    if (!is_root || t.output != t.input) {
+      out.push_back({buffer + plan.offsets[i], t.output, sizes[i]});
+    }
   }
   if (is_root && !in.empty()) {
     Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
@@ -263,7 +267,7 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
     s = ctx.device_comm->Broadcast(buffer, plan.total_bytes, root);
     if (!s.ok()) return s;
   }
-  if (!is_root && !out.empty()) {
+  if (!out.empty()) {
     Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
     s = ctx.device->CopyScaled(ctx.device_ordinal, DataType::kUInt8, out, 1.0);
     if (!s.ok()) return s;
