@@ -16,6 +16,10 @@ namespace {
 // copy kernels handle fastest; a multiple of every element size).
 constexpr int64_t kDeviceAlignment = 256;
 
+// What the communicator reduces with: an average is a sum, divided on the
+// device afterwards (Finalize), exactly as the CPU path rounds it.
+ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
 // Scratch buffers that live at the same time within one batch.
 enum ScratchSlot { kFusionSlot = 0, kNeutralSlot = 1 };
 
@@ -160,27 +164,37 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
   if (!s.ok()) return s;
   std::vector<TensorRef*> tensors = TensorsOf(batch);
 
-  if (tensors.size() == 1 && !tensors[0]->neutral) {
+  // Every rank takes the same path (the lone or the fused one) from what all
+  // agreed on, or their communicator calls would not match.
+  if (tensors.size() == 1) {
     // A lone tensor is reduced into its output (allocated, or the input
-    // itself, when the op was queued): no fused buffer.
+    // itself, when the op was queued): no fused buffer. A joined rank's
+    // stand-in reduces its neutral element in scratch memory.
     TensorRef& t = *tensors[0];
     const int64_t count = NumElements(t.shape);
+    void* output = t.output;
     const void* send = t.input;
-    if (first.prescale != 1.0) {
+    if (t.neutral) {
+      s = ctx.device->Scratch(ctx.device_ordinal, kNeutralSlot, count * element, &output);
+      if (s.ok()) s = ctx.device->FillNeutral(ctx.device_ordinal, dtype, first.reduce_op,
+                                              output, count);
+      if (!s.ok()) return s;
+      send = output;
+    } else if (first.prescale != 1.0) {
       Activity scale(ctx, batch, "PRESCALE");
-      s = ctx.device->CopyScaled(ctx.device_ordinal, dtype, {{t.input, t.output, count}},
+      s = ctx.device->CopyScaled(ctx.device_ordinal, dtype, {{t.input, output, count}},
                                  first.prescale);
       if (!s.ok()) return s;
-      send = t.output;
+      send = output;
     }
     {
       Activity comm(ctx, batch, "NCCL_ALLREDUCE");
-      s = ctx.device_comm->Allreduce(send, t.output, count, dtype, first.reduce_op);
+      s = ctx.device_comm->Allreduce(send, output, count, dtype, WireOp(first.reduce_op));
       if (!s.ok()) return s;
     }
-    if (finalize) {
+    if (finalize && !t.neutral) {
       Activity scale(ctx, batch, "POSTSCALE");
-      s = ctx.device->Finalize(ctx.device_ordinal, dtype, t.output, count, divisor,
+      s = ctx.device->Finalize(ctx.device_ordinal, dtype, output, count, divisor,
                                first.postscale);
       if (!s.ok()) return s;
     }
@@ -201,7 +215,7 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
   }
   {
     Activity comm(ctx, batch, "NCCL_ALLREDUCE");
-    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, first.reduce_op);
+    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
     if (!s.ok()) return s;
   }
   if (finalize) {
@@ -226,16 +240,21 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
   if (!s.ok()) return s;
   std::vector<TensorRef*> tensors = TensorsOf(batch);
   // Broadcast moves bytes: every dtype travels as uint8 here.
-  if (tensors.size() == 1 && !tensors[0]->neutral) {
+  // As in allreduce, the path depends only on what every rank agreed on.
+  if (tensors.size() == 1) {
     TensorRef& t = *tensors[0];
     const int64_t bytes = TensorBytes(t);
-    if (is_root && t.input != t.output && bytes > 0) {
+    void* output = t.output;
+    if (t.neutral) {  // a joined rank receives into scratch memory
+      s = ctx.device->Scratch(ctx.device_ordinal, kNeutralSlot, bytes, &output);
+      if (!s.ok()) return s;
+    } else if (is_root && t.input != t.output && bytes > 0) {
       s = ctx.device->CopyScaled(ctx.device_ordinal, DataType::kUInt8,
                                  {{t.input, t.output, bytes}}, 1.0);
       if (!s.ok()) return s;
     }
     Activity comm(ctx, batch, "NCCL_BCAST");
-    s = ctx.device_comm->Broadcast(t.output, bytes, root);
+    s = ctx.device_comm->Broadcast(output, bytes, root);
     if (!s.ok()) return s;
     return ReleaseStreams(ctx, batch);
   }
@@ -426,7 +445,7 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
   const int64_t total = plan.total_bytes / element;
   {
     Activity comm(ctx, batch, "NCCL_ALLREDUCE");
-    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, first.reduce_op);
+    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
     if (!s.ok()) return s;
   }
   if (divisor != 1 || first.postscale != 1.0) {

@@ -95,7 +95,8 @@ class DeviceCommunicator {
   virtual std::string Describe() const = 0;
   // All queued on the device's engine stream, in the order called: every
   // rank must call them in the same order (the engine's agreed order does).
-  // send == recv reduces in place.
+  // send == recv reduces in place. `op` is never Average (the engine sums
+  // and divides itself).
   virtual Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
   virtual Status Broadcast(void* data, int64_t bytes, int root) = 0;

@@ -30,8 +30,8 @@ bool NcclType(DataType dtype, ncclDataType_t* out) {
   }
 }
 
-// Average is a sum here: the engine divides afterwards, as on the CPU, so
-// both paths round alike (see core/element_ops.h).
+// The engine never asks for Average (it sums, then divides on the device as
+// the CPU path does: collective_device.cc).
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kMin: return ncclMin;
