@@ -45,8 +45,10 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
                         name: Optional[str] = None) -> None:
     """Assigns every variable the value it has on `root_rank`.
 
-    All variables travel in one fused broadcast. Use it after building a
-    model (and its optimizer) so every rank starts from the same state.
+    All variables travel in one fused broadcast (int32 ones in a second:
+    on a GPU TensorFlow keeps int32 tensors in host memory, and one
+    collective's tensors live in one kind of memory). Use it after building
+    a model (and its optimizer) so every rank starts from the same state.
 
     Args:
         variables: TensorFlow or Keras variables, in the same order on every
@@ -67,6 +69,12 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
     values = [tf.convert_to_tensor(v) for v in variables]
     for v in values:
         check_dtype(v, "broadcast_variables", reducing=False)
-    received = kernels.broadcast(values, int(root_rank), name or "HvdkerasBroadcastVariables")
-    for variable, value in zip(variables, received):
-        variable.assign(value)
+    name = name or "HvdkerasBroadcastVariables"
+    groups = ([i for i, v in enumerate(values) if v.dtype != tf.int32],
+              [i for i, v in enumerate(values) if v.dtype == tf.int32])
+    for suffix, indices in zip(("", ".int32"), groups):
+        if not indices:
+            continue
+        received = kernels.broadcast([values[i] for i in indices], int(root_rank), name + suffix)
+        for i, value in zip(indices, received):
+            variables[i].assign(value)

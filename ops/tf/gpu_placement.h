@@ -12,13 +12,20 @@
 
 namespace hvdkeras {
 
-// Marks `ref` as living on the GPU that runs `ctx`; a CPU kernel's tensors
-// are left in host memory. Fails if TensorFlow gives a GPU kernel no stream.
-inline absl::Status PlaceOnDevice(tensorflow::OpKernelContext* ctx, TensorRef* ref) {
+// Whether input i of a kernel is in host memory: every input of a CPU
+// kernel, and on a GPU the int32 tensors, which TensorFlow keeps on the host
+// there (its MTypeFromDType); their collectives run on the CPU path.
+inline bool InHostMemory(tensorflow::OpKernelContext* ctx, int i) {
+  return ctx->device()->device_type() == tensorflow::DEVICE_CPU ||
+         ctx->input_memory_type(i) == tensorflow::HOST_MEMORY;
+}
+
+// Marks `ref` (input i) as living on the GPU that runs `ctx` when it does;
+// tensors in host memory are left there. Fails if TensorFlow gives a GPU
+// kernel no stream.
+inline absl::Status PlaceOnDevice(tensorflow::OpKernelContext* ctx, int i, TensorRef* ref) {
 #if HVDKERAS_CUDA
-  if (ctx->device()->device_type() != tensorflow::DEVICE_GPU) {
-    return absl::OkStatus();
-  }
+  if (InHostMemory(ctx, i)) return absl::OkStatus();
   const auto* info = ctx->device()->tensorflow_accelerator_device_info();
   stream_executor::Stream* stream =
       ctx->op_device_context() ? ctx->op_device_context()->stream() : nullptr;
@@ -31,6 +38,7 @@ inline absl::Status PlaceOnDevice(tensorflow::OpKernelContext* ctx, TensorRef* r
   ref->framework_stream = handle;
 #else
   (void)ctx;
+  (void)i;
   (void)ref;
 #endif
   return absl::OkStatus();

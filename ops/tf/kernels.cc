@@ -35,7 +35,7 @@ absl::Status DescribeInput(tf::OpKernelContext* ctx, int i, TensorRef* ref) {
   }
   ref->input = input.tensor_data().data();
   for (int d = 0; d < input.dims(); ++d) ref->shape.push_back(input.dim_size(d));
-  return PlaceOnDevice(ctx, ref);
+  return PlaceOnDevice(ctx, i, ref);
 }
 
 // Builds the engine's view of input i, with an output of the same shape that
@@ -99,7 +99,7 @@ absl::Status PrepareAllreduceTensor(tf::OpKernelContext* ctx, int i,
                                     std::vector<TensorRef>* refs) {
   // A GPU result is written into an output allocated now (the engine's
   // fused blocks are host memory).
-  if (ctx->device()->device_type() != tf::DEVICE_CPU) return PrepareTensor(ctx, i, refs);
+  if (!InHostMemory(ctx, i)) return PrepareTensor(ctx, i, refs);
   TensorRef ref;
   absl::Status described = DescribeInput(ctx, i, &ref);
   if (!described.ok()) return described;
