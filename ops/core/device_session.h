@@ -15,6 +15,13 @@ namespace hvdkeras {
 
 class DeviceSession {
  public:
+  DeviceSession() = default;
+  // A session still open when the process exits (no shutdown() ran) lets its
+  // communicator go unfinished: by then the GPU libraries may be unloaded.
+  ~DeviceSession() { comm_.release(); }
+  DeviceSession(const DeviceSession&) = delete;
+  DeviceSession& operator=(const DeviceSession&) = delete;
+
   // Collective at the first GPU batch (every rank reaches it in the agreed
   // order): finds the device and makes the communicator, or fails on every
   // rank with the reason. Later batches only check their GPU.
