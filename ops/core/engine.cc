@@ -1,9 +1,9 @@
 #include "core/engine.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "core/device.h"
-#include <cstdio>
 
 namespace hvdkeras {
 
