@@ -34,7 +34,7 @@ struct ExecContext {
   Timeline* timeline;  // null unless rank 0 is tracing
   BlockPool* blocks;   // fused allreduce results handed out as outputs
   ShmAllreduce* shm;   // allreduce through shared memory, when active
-  // GPU batches (collective_device.cc): the device, its communicator and
+  // GPU batches (collective_device_*.cc): the device, its communicator and
   // this rank's GPU.
   Device* device = nullptr;
   DeviceCommunicator* device_comm = nullptr;

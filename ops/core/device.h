@@ -17,7 +17,7 @@
 // stream involved waits (cudaStreamWaitEvent, no host wait) for an event
 // recorded on the engine stream, and only then is the op's done callback
 // called: everything the framework runs on its stream afterwards sees the
-// results. collective_device.cc follows this order; ops/cuda implements it.
+// results. collective_device_*.cc follow this order; ops/cuda implements it.
 #pragma once
 
 #include <cstdint>

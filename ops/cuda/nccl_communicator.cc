@@ -31,7 +31,7 @@ bool NcclType(DataType dtype, ncclDataType_t* out) {
 }
 
 // The engine never asks for Average (it sums, then divides on the device as
-// the CPU path does: collective_device.cc).
+// the CPU path does: core/device_steps.h, WireOp).
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kMin: return ncclMin;

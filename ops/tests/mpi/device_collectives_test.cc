@@ -1,4 +1,4 @@
-// The GPU execution of every collective (core/collective_device.cc), run on
+// The GPU execution of every collective (core/collective_device_*.cc), run on
 // real MPI ranks with STAND-INS for the GPU: HostDevice keeps "device"
 // memory on the host and does its copies, scaling and fills with the CPU
 // path's functions; HostCommunicator moves host bytes over MPI. No GPU can

@@ -1,0 +1,154 @@
+// GPU execution of the agreed reductions: the device counterpart of
+// collective_allreduce.cc and collective_reducescatter.cc. Everything is queued on the engine's stream of the batch's
+// GPU through the Device and DeviceCommunicator interfaces, and the
+// framework's streams are made to wait for it: see Note [stream order] in
+// device.h. Nothing here waits for the GPU.
+#include "core/collectives.h"
+#include "core/device_steps.h"
+
+namespace hvdkeras {
+
+using namespace device_steps;
+
+Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  if (ctx.device == nullptr || ctx.device_comm == nullptr) return NoDevice();
+  const Request& first = batch[0]->request;
+  const DataType dtype = first.dtypes[0];
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  const int divisor = first.reduce_op == ReduceOp::kAverage ? ctx.mpi.size() : 1;
+  const bool finalize = divisor != 1 || first.postscale != 1.0;
+  Status s = WaitForInputs(ctx, batch);
+  if (!s.ok()) return s;
+  std::vector<TensorRef*> tensors = TensorsOf(batch);
+
+  // Every rank takes the same path (the lone or the fused one) from what all
+  // agreed on, or their communicator calls would not match.
+  if (tensors.size() == 1) {
+    // A lone tensor is reduced into its output (allocated, or the input
+    // itself, when the op was queued): no fused buffer. A joined rank's
+    // stand-in reduces its neutral element in scratch memory.
+    TensorRef& t = *tensors[0];
+    const int64_t count = NumElements(t.shape);
+    void* output = t.output;
+    const void* send = t.input;
+    if (t.neutral) {
+      s = ctx.device->Scratch(ctx.device_ordinal, kNeutralSlot, count * element, &output);
+      if (s.ok()) s = ctx.device->FillNeutral(ctx.device_ordinal, dtype, first.reduce_op,
+                                              output, count);
+      if (!s.ok()) return s;
+      send = output;
+    } else if (first.prescale != 1.0) {
+      Activity scale(ctx, batch, "PRESCALE");
+      s = ctx.device->CopyScaled(ctx.device_ordinal, dtype, {{t.input, output, count}},
+                                 first.prescale);
+      if (!s.ok()) return s;
+      send = output;
+    }
+    {
+      Activity comm(ctx, batch, "NCCL_ALLREDUCE");
+      s = ctx.device_comm->Allreduce(send, output, count, dtype, WireOp(first.reduce_op));
+      if (!s.ok()) return s;
+    }
+    if (finalize && !t.neutral) {
+      Activity scale(ctx, batch, "POSTSCALE");
+      s = ctx.device->Finalize(ctx.device_ordinal, dtype, output, count, divisor,
+                               first.postscale);
+      if (!s.ok()) return s;
+    }
+    return ReleaseStreams(ctx, batch);
+  }
+
+  const PackingPlan plan = PlanFor(tensors);
+  void* scratch = nullptr;
+  s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan.total_bytes, &scratch);
+  if (!s.ok()) return s;
+  char* buffer = static_cast<char*>(scratch);
+  const int64_t total = plan.total_bytes / element;
+  {
+    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
+    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, first.prescale, /*into=*/true,
+                     first.reduce_op);
+    if (!s.ok()) return s;
+  }
+  {
+    Activity comm(ctx, batch, "NCCL_ALLREDUCE");
+    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
+    if (!s.ok()) return s;
+  }
+  if (finalize) {
+    Activity scale(ctx, batch, "POSTSCALE");
+    s = ctx.device->Finalize(ctx.device_ordinal, dtype, buffer, total, divisor,
+                             first.postscale);
+    if (!s.ok()) return s;
+  }
+  {
+    Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, 1.0, /*into=*/false, first.reduce_op);
+    if (!s.ok()) return s;
+  }
+  return ReleaseStreams(ctx, batch);
+}
+
+Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  if (ctx.device == nullptr || ctx.device_comm == nullptr) return NoDevice();
+  const Request& first = batch[0]->request;
+  const DataType dtype = first.dtypes[0];
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  const int size = ctx.mpi.size();
+  const int me = ctx.mpi.rank();
+  const int divisor = first.reduce_op == ReduceOp::kAverage ? size : 1;
+  Status s = WaitForInputs(ctx, batch);
+  if (!s.ok()) return s;
+  // The whole tensors are reduced in a fused buffer (ranks may keep unequal
+  // row counts, which NCCL's reduce-scatter does not take); each rank then
+  // copies out its own rows.
+  std::vector<TensorRef*> tensors = TensorsOf(batch);
+  const PackingPlan plan = PlanFor(tensors);
+  void* scratch = nullptr;
+  s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan.total_bytes, &scratch);
+  if (!s.ok()) return s;
+  char* buffer = static_cast<char*>(scratch);
+  std::vector<DeviceCopy> out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TensorRef& t = *tensors[i];
+    int64_t start = 0;
+    for (int r = 0; r < me; ++r) start += ScatterRows(t.shape[0], size, r);
+    const int64_t rows = ScatterRows(t.shape[0], size, me);
+    if (t.neutral) continue;  // a joined rank's stand-in keeps nothing
+    void* output = nullptr;
+    s = t.allocate_output(WithRows(t.shape, rows), &output);
+    if (!s.ok()) return s;
+    const int64_t row_elements = RowBytes(t.shape, dtype) / element;
+    if (rows * row_elements > 0) {
+      out.push_back({buffer + plan.offsets[i] + start * row_elements * element, output,
+                     rows * row_elements});
+    }
+  }
+  s = WaitForNewOutputs(ctx, batch);
+  if (!s.ok()) return s;
+  {
+    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
+    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, first.prescale, /*into=*/true,
+                     first.reduce_op);
+    if (!s.ok()) return s;
+  }
+  const int64_t total = plan.total_bytes / element;
+  {
+    Activity comm(ctx, batch, "NCCL_ALLREDUCE");
+    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
+    if (!s.ok()) return s;
+  }
+  if (divisor != 1 || first.postscale != 1.0) {
+    s = ctx.device->Finalize(ctx.device_ordinal, dtype, buffer, total, divisor,
+                             first.postscale);
+    if (!s.ok()) return s;
+  }
+  if (!out.empty()) {
+    Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+    s = ctx.device->CopyScaled(ctx.device_ordinal, dtype, out, 1.0);
+    if (!s.ok()) return s;
+  }
+  return ReleaseStreams(ctx, batch);
+}
+
+}  // namespace hvdkeras

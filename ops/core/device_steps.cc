@@ -1,0 +1,121 @@
+#include "core/device_steps.h"
+
+namespace hvdkeras {
+namespace device_steps {
+
+Status NoDevice() {
+  return Status::Error(StatusCode::kPreconditionError,
+                       "internal: a GPU batch reached the engine without a device");
+}
+
+Status WaitForInputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  for (PendingOp* op : batch) {
+    for (TensorRef& t : op->tensors) {
+      if (t.ready == nullptr) continue;
+      Status s = ctx.device->WaitFor(ctx.device_ordinal, t.ready);
+      t.ready = nullptr;
+      if (!s.ok()) return s;
+    }
+  }
+  return Status::OK();
+}
+
+Status WaitForNewOutputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  std::vector<void*> streams;
+  for (PendingOp* op : batch) {
+    for (const TensorRef& t : op->tensors) {
+      if (t.framework_stream == nullptr) continue;
+      bool seen = false;
+      for (void* s : streams) seen = seen || s == t.framework_stream;
+      if (!seen) streams.push_back(t.framework_stream);
+    }
+  }
+  for (void* stream : streams) {
+    Status s = ctx.device->WaitForStream(ctx.device_ordinal, stream);
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+Status ReleaseStreams(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  std::vector<void*> done;
+  for (PendingOp* op : batch) {
+    for (const TensorRef& t : op->tensors) {
+      if (t.framework_stream == nullptr) continue;
+      bool seen = false;
+      for (void* s : done) seen = seen || s == t.framework_stream;
+      if (seen) continue;
+      done.push_back(t.framework_stream);
+      Status s = ctx.device->Release(ctx.device_ordinal, t.framework_stream);
+      if (!s.ok()) return s;
+    }
+  }
+  return Status::OK();
+}
+
+std::vector<TensorRef*> TensorsOf(const std::vector<PendingOp*>& batch) {
+  std::vector<TensorRef*> tensors;
+  for (PendingOp* op : batch) {
+    for (TensorRef& t : op->tensors) tensors.push_back(&t);
+  }
+  return tensors;
+}
+
+Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
+                    const PackingPlan& plan, char* buffer, DataType dtype, double factor,
+                    bool into, ReduceOp neutral_op) {
+  std::vector<DeviceCopy> copies;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TensorRef& t = *tensors[i];
+    const int64_t count = NumElements(t.shape);
+    if (count == 0) continue;
+    char* slot = buffer + plan.offsets[i];
+    if (t.neutral) {
+      if (!into) continue;
+      Status s = ctx.device->FillNeutral(ctx.device_ordinal, dtype, neutral_op, slot, count);
+      if (!s.ok()) return s;
+      continue;
+    }
+    copies.push_back(into ? DeviceCopy{t.input, slot, count}
+                          : DeviceCopy{slot, t.output, count});
+  }
+  return copies.empty() ? Status::OK()
+                        : ctx.device->CopyScaled(ctx.device_ordinal, dtype, copies, factor);
+}
+
+Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
+                      const std::vector<Shape>& shapes, std::vector<char*>* out) {
+  std::vector<int64_t> neutral_offsets(tensors.size(), 0);
+  int64_t neutral_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i]->neutral) continue;
+    neutral_offsets[i] = neutral_bytes;
+    neutral_bytes += NumElements(shapes[i]) * static_cast<int64_t>(DataTypeSize(tensors[i]->dtype));
+  }
+  void* scratch = nullptr;
+  if (neutral_bytes > 0) {
+    Status s = ctx.device->Scratch(ctx.device_ordinal, kNeutralSlot, neutral_bytes, &scratch);
+    if (!s.ok()) return s;
+  }
+  out->assign(tensors.size(), nullptr);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i]->neutral) {
+      (*out)[i] = static_cast<char*>(scratch) + neutral_offsets[i];
+      continue;
+    }
+    void* data = nullptr;
+    Status s = tensors[i]->allocate_output(shapes[i], &data);
+    if (!s.ok()) return s;
+    (*out)[i] = static_cast<char*>(data);
+  }
+  return Status::OK();
+}
+
+PackingPlan PlanFor(const std::vector<TensorRef*>& tensors) {
+  std::vector<int64_t> bytes;
+  for (const TensorRef* t : tensors) bytes.push_back(TensorBytes(*t));
+  return PlanPacking(bytes, kDeviceAlignment, kMaxCopiesPerLaunch);
+}
+
+}  // namespace device_steps
+}  // namespace hvdkeras

@@ -1,0 +1,61 @@
+// The steps every GPU collective is made of (collective_device_*.cc):
+// waiting for the framework's streams and releasing them (Note [stream
+// order] in device.h), the fused buffer's layout, packing into it and out
+// of it, and where received rows go.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/collectives.h"
+#include "core/device_packing.h"
+
+namespace hvdkeras {
+namespace device_steps {
+
+// Fused buffers put each tensor at a multiple of this (what NCCL and the
+// copy kernels handle fastest; a multiple of every element size).
+constexpr int64_t kDeviceAlignment = 256;
+
+// Scratch buffers that live at the same time within one batch.
+enum ScratchSlot { kFusionSlot = 0, kNeutralSlot = 1 };
+
+// What the communicator reduces with: an average is a sum, divided on the
+// device afterwards (Finalize), exactly as the CPU path rounds it.
+inline ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+// The error for a GPU batch without a device (an engine bug).
+Status NoDevice();
+
+// The engine stream waits for every input's ready event (recorded when the
+// op was queued, after its framework-allocated outputs existed).
+Status WaitForInputs(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+
+// Outputs allocated now, on the engine thread, come from the framework's
+// allocator: the engine stream waits for what their framework streams have
+// queued so far before writing them.
+Status WaitForNewOutputs(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+
+// Every framework stream of the batch waits for the engine stream's work.
+Status ReleaseStreams(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+
+std::vector<TensorRef*> TensorsOf(const std::vector<PendingOp*>& batch);
+
+// Copies (or scales) element ranges of the tensors into a fused buffer at
+// their planned offsets (`into`), or out of it. Stand-ins contribute the
+// neutral element and receive nothing.
+Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
+                    const PackingPlan& plan, char* buffer, DataType dtype, double factor,
+                    bool into, ReduceOp neutral_op);
+
+// Where each tensor's received rows go: its output, allocated now by the
+// framework, or for a joined rank's stand-in (whose result is dropped) a
+// part of one device scratch buffer, taken once for the whole batch.
+Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
+                      const std::vector<Shape>& shapes, std::vector<char*>* out);
+
+// The fused layout of `tensors` (byte sizes at the device alignment).
+PackingPlan PlanFor(const std::vector<TensorRef*>& tensors);
+
+}  // namespace device_steps
+}  // namespace hvdkeras
