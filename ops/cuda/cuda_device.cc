@@ -104,6 +104,8 @@ Status CudaDevice::Enter(int device, PerGpu** gpu) {
   }
   Status s = Check(rt_->cudaSetDevice(device), "selecting the GPU");
   if (!s.ok()) return s;
+  // The engine thread is the user; the bandwidth probe may be another.
+  std::lock_guard<std::mutex> lock(gpus_mu_);
   if (gpus_.empty()) gpus_.resize(count_);
   if (!gpus_[device]) gpus_[device] = std::make_unique<PerGpu>();
   PerGpu& g = *gpus_[device];

@@ -83,6 +83,7 @@ class CudaDevice : public Device {
   const Runtime* rt_;
   const Driver* driver_;
   const int count_;
+  std::mutex gpus_mu_;
   std::vector<std::unique_ptr<PerGpu>> gpus_;
   std::mutex events_mu_;
   std::vector<PooledEvent*> free_events_;
