@@ -135,21 +135,14 @@ Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op) {
   Status s = WaitForInputs(ctx, batch);
   if (!s.ok()) return s;
   TensorRef& ref = op->tensors[0];
-  const int64_t row_bytes = RowBytes(ref.shape, ref.dtype);
-  const std::vector<int64_t>& matrix = op->response->sizes;  // [sender * size + receiver]
-  std::vector<int64_t> send_bytes(size), recv_bytes(size), received(size);
-  int64_t recv_rows = 0;
-  for (int r = 0; r < size; ++r) {
-    send_bytes[r] = matrix[me * size + r] * row_bytes;
-    received[r] = matrix[r * size + me];
-    recv_bytes[r] = received[r] * row_bytes;
-    recv_rows += received[r];
-  }
+  const AlltoallCounts counts = CountAlltoall(*op, size, me);
+  const std::vector<int64_t>& send_bytes = counts.send_bytes;
+  const std::vector<int64_t>& recv_bytes = counts.recv_bytes;
   std::vector<char*> outputs;
-  s = ReceiveBuffers(ctx, {&ref}, {WithRows(ref.shape, recv_rows)}, &outputs);
+  s = ReceiveBuffers(ctx, {&ref}, {WithRows(ref.shape, counts.recv_rows)}, &outputs);
   if (!s.ok()) return s;
   char* output = outputs[0];
-  if (ref.receive_splits) ref.receive_splits(received);
+  if (ref.receive_splits) ref.receive_splits(counts.received);
   s = WaitForNewOutputs(ctx, batch);
   if (!s.ok()) return s;
   const std::vector<int64_t> send_displs = Offsets(send_bytes);

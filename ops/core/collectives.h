@@ -100,6 +100,15 @@ Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch
 Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op);
 Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 
+// What this rank sends to and receives from each rank in an alltoall, from
+// the agreed matrix of rows (response->sizes, [sender * size + receiver]).
+struct AlltoallCounts {
+  std::vector<int64_t> send_bytes, recv_bytes;
+  std::vector<int64_t> received;  // rows from each rank
+  int64_t recv_rows = 0;
+};
+AlltoallCounts CountAlltoall(const PendingOp& op, int size, int me);
+
 // Rows of a first dimension of `rows` that rank r receives in reducescatter.
 int64_t ScatterRows(int64_t rows, int size, int r);
 
