@@ -1,5 +1,7 @@
 #include "core/device_steps.h"
 
+#include <algorithm>
+
 namespace hvdkeras {
 namespace device_steps {
 
@@ -20,17 +22,27 @@ Status WaitForInputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   return Status::OK();
 }
 
-Status WaitForNewOutputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+namespace {
+
+// The framework streams of a batch's tensors, each once, in first-seen order
+// (a joined rank's stand-ins have none).
+std::vector<void*> FrameworkStreams(const std::vector<PendingOp*>& batch) {
   std::vector<void*> streams;
   for (PendingOp* op : batch) {
     for (const TensorRef& t : op->tensors) {
-      if (t.framework_stream == nullptr) continue;
-      bool seen = false;
-      for (void* s : streams) seen = seen || s == t.framework_stream;
-      if (!seen) streams.push_back(t.framework_stream);
+      if (t.framework_stream != nullptr &&
+          std::find(streams.begin(), streams.end(), t.framework_stream) == streams.end()) {
+        streams.push_back(t.framework_stream);
+      }
     }
   }
-  for (void* stream : streams) {
+  return streams;
+}
+
+}  // namespace
+
+Status WaitForNewOutputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  for (void* stream : FrameworkStreams(batch)) {
     Status s = ctx.device->WaitForStream(ctx.device_ordinal, stream);
     if (!s.ok()) return s;
   }
@@ -38,17 +50,9 @@ Status WaitForNewOutputs(ExecContext& ctx, const std::vector<PendingOp*>& batch)
 }
 
 Status ReleaseStreams(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
-  std::vector<void*> done;
-  for (PendingOp* op : batch) {
-    for (const TensorRef& t : op->tensors) {
-      if (t.framework_stream == nullptr) continue;
-      bool seen = false;
-      for (void* s : done) seen = seen || s == t.framework_stream;
-      if (seen) continue;
-      done.push_back(t.framework_stream);
-      Status s = ctx.device->Release(ctx.device_ordinal, t.framework_stream);
-      if (!s.ok()) return s;
-    }
+  for (void* stream : FrameworkStreams(batch)) {
+    Status s = ctx.device->Release(ctx.device_ordinal, stream);
+    if (!s.ok()) return s;
   }
   return Status::OK();
 }
