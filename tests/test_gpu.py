@@ -54,8 +54,9 @@ def test_per_rank_files_exist():
 @pytest.mark.parametrize("test_file", PER_RANK_FILES, ids=lambda p: p.name)
 @pytest.mark.parametrize("np", (1, 2), ids=lambda n: f"np{n}")
 def test_on_gpus(np, test_file):
-    if _gpus() < np:
-        pytest.skip(f"{np} ranks need {np} GPUs; this machine has {_gpus()}")
+    gpus = _gpus()
+    if gpus < np:
+        pytest.skip(f"{np} ranks need {np} GPUs; this machine has {gpus}")
     result, reports = run_pytest_under_mpi(np, test_file, timeout=TIMEOUT_S, env=GPU_ENV)
     assert_every_rank_passed(np, result, reports)
 

@@ -110,7 +110,7 @@ void hvdkeras_gpu_set_library_dirs(const char* dirs) {
 int hvdkeras_gpu_probe(char* text, int capacity) {
   const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
   if (!backend) {
-    CopyText("this op library was built without GPU support", text, capacity);
+    CopyText(hvdkeras::kNoGpuPart, text, capacity);
     return -1;
   }
   std::string why;
@@ -136,7 +136,7 @@ int hvdkeras_gpu_build_info(char* text, int capacity) {
 int hvdkeras_gpu_compile_kernels(const char* arch, char* text, int capacity) {
   const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
   if (!backend) {
-    CopyText("this op library was built without GPU support", text, capacity);
+    CopyText(hvdkeras::kNoGpuPart, text, capacity);
     return 1;
   }
   int64_t bytes = 0;
@@ -152,7 +152,7 @@ int hvdkeras_gpu_probe_copies(int tensors, int64_t bytes_each, int iterations, d
                               char* text, int capacity) {
   const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
   if (!backend) {
-    CopyText("this op library was built without GPU support", text, capacity);
+    CopyText(hvdkeras::kNoGpuPart, text, capacity);
     return 1;
   }
   hvdkeras::Status s = backend->probe_copies(tensors, bytes_each, iterations, results);

@@ -36,22 +36,20 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
     if (!s.ok()) return s;
     return ReleaseStreams(ctx, batch);
   }
-  std::vector<int64_t> sizes;
-  for (const TensorRef* t : tensors) sizes.push_back(TensorBytes(*t));
-  const PackingPlan plan = PlanPacking(sizes, kDeviceAlignment, kMaxCopiesPerLaunch);
-  void* scratch = nullptr;
-  s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan.total_bytes, &scratch);
+  PackingPlan plan;
+  char* buffer = nullptr;
+  s = FusedBuffer(ctx, tensors, &plan, &buffer);
   if (!s.ok()) return s;
-  char* buffer = static_cast<char*>(scratch);
   // The root packs its inputs; every rank then unpacks into its outputs (the
   // root too, where its output is not its input buffer).
   std::vector<DeviceCopy> in, out;
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRef& t = *tensors[i];
-    if (sizes[i] == 0 || t.neutral) continue;
-    in.push_back({t.input, buffer + plan.offsets[i], sizes[i]});
+    const int64_t bytes = TensorBytes(t);
+    if (bytes == 0 || t.neutral) continue;
+    in.push_back({t.input, buffer + plan.offsets[i], bytes});
     if (!is_root || t.output != t.input) {
-      out.push_back({buffer + plan.offsets[i], t.output, sizes[i]});
+      out.push_back({buffer + plan.offsets[i], t.output, bytes});
     }
   }
   if (is_root && !in.empty()) {

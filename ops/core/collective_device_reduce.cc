@@ -10,12 +10,48 @@ namespace hvdkeras {
 
 using namespace device_steps;
 
+namespace {
+
+// What an allreduce divides its sum by: the world size for Average, else 1.
+int Divisor(const Request& r, int size) { return r.reduce_op == ReduceOp::kAverage ? size : 1; }
+
+// Reduces `tensors` across ranks in the fused buffer: packs them in (scaled
+// by the prescale; a stand-in packs the neutral element), reduces the whole
+// buffer in one communicator call, then averages and postscales it.
+Status ReduceInFusedBuffer(ExecContext& ctx, const std::vector<PendingOp*>& batch,
+                           const std::vector<TensorRef*>& tensors, const PackingPlan& plan,
+                           char* buffer) {
+  const Request& first = batch[0]->request;
+  const DataType dtype = first.dtypes[0];
+  const int64_t total = plan.total_bytes / static_cast<int64_t>(DataTypeSize(dtype));
+  const int divisor = Divisor(first, ctx.mpi.size());
+  Status s;
+  {
+    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
+    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, first.prescale, /*into=*/true,
+                     first.reduce_op);
+    if (!s.ok()) return s;
+  }
+  {
+    Activity comm(ctx, batch, "NCCL_ALLREDUCE");
+    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
+    if (!s.ok()) return s;
+  }
+  if (divisor != 1 || first.postscale != 1.0) {
+    Activity scale(ctx, batch, "POSTSCALE");
+    s = ctx.device->Finalize(ctx.device_ordinal, dtype, buffer, total, divisor, first.postscale);
+  }
+  return s;
+}
+
+}  // namespace
+
 Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   if (ctx.device == nullptr || ctx.device_comm == nullptr) return NoDevice();
   const Request& first = batch[0]->request;
   const DataType dtype = first.dtypes[0];
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
-  const int divisor = first.reduce_op == ReduceOp::kAverage ? ctx.mpi.size() : 1;
+  const int divisor = Divisor(first, ctx.mpi.size());
   const bool finalize = divisor != 1 || first.postscale != 1.0;
   Status s = WaitForInputs(ctx, batch);
   if (!s.ok()) return s;
@@ -58,29 +94,11 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
     return ReleaseStreams(ctx, batch);
   }
 
-  const PackingPlan plan = PlanFor(tensors);
-  void* scratch = nullptr;
-  s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan.total_bytes, &scratch);
+  PackingPlan plan;
+  char* buffer = nullptr;
+  s = FusedBuffer(ctx, tensors, &plan, &buffer);
+  if (s.ok()) s = ReduceInFusedBuffer(ctx, batch, tensors, plan, buffer);
   if (!s.ok()) return s;
-  char* buffer = static_cast<char*>(scratch);
-  const int64_t total = plan.total_bytes / element;
-  {
-    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
-    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, first.prescale, /*into=*/true,
-                     first.reduce_op);
-    if (!s.ok()) return s;
-  }
-  {
-    Activity comm(ctx, batch, "NCCL_ALLREDUCE");
-    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
-    if (!s.ok()) return s;
-  }
-  if (finalize) {
-    Activity scale(ctx, batch, "POSTSCALE");
-    s = ctx.device->Finalize(ctx.device_ordinal, dtype, buffer, total, divisor,
-                             first.postscale);
-    if (!s.ok()) return s;
-  }
   {
     Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
     s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, 1.0, /*into=*/false, first.reduce_op);
@@ -96,18 +114,16 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
   const int size = ctx.mpi.size();
   const int me = ctx.mpi.rank();
-  const int divisor = first.reduce_op == ReduceOp::kAverage ? size : 1;
   Status s = WaitForInputs(ctx, batch);
   if (!s.ok()) return s;
   // The whole tensors are reduced in a fused buffer (ranks may keep unequal
   // row counts, which NCCL's reduce-scatter does not take); each rank then
   // copies out its own rows.
   std::vector<TensorRef*> tensors = TensorsOf(batch);
-  const PackingPlan plan = PlanFor(tensors);
-  void* scratch = nullptr;
-  s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan.total_bytes, &scratch);
+  PackingPlan plan;
+  char* buffer = nullptr;
+  s = FusedBuffer(ctx, tensors, &plan, &buffer);
   if (!s.ok()) return s;
-  char* buffer = static_cast<char*>(scratch);
   std::vector<DeviceCopy> out;
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRef& t = *tensors[i];
@@ -125,24 +141,8 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
     }
   }
   s = WaitForNewOutputs(ctx, batch);
+  if (s.ok()) s = ReduceInFusedBuffer(ctx, batch, tensors, plan, buffer);
   if (!s.ok()) return s;
-  {
-    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
-    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, first.prescale, /*into=*/true,
-                     first.reduce_op);
-    if (!s.ok()) return s;
-  }
-  const int64_t total = plan.total_bytes / element;
-  {
-    Activity comm(ctx, batch, "NCCL_ALLREDUCE");
-    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
-    if (!s.ok()) return s;
-  }
-  if (divisor != 1 || first.postscale != 1.0) {
-    s = ctx.device->Finalize(ctx.device_ordinal, dtype, buffer, total, divisor,
-                             first.postscale);
-    if (!s.ok()) return s;
-  }
   if (!out.empty()) {
     Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
     s = ctx.device->CopyScaled(ctx.device_ordinal, dtype, out, 1.0);

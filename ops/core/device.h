@@ -144,5 +144,7 @@ struct PendingOp;
 void DiscardReadyEvents(PendingOp* op);
 // Null when no backend was compiled in.
 const DeviceBackend* GetDeviceBackend();
+// What is said when GPU work reaches a library without a backend.
+inline constexpr char kNoGpuPart[] = "this op library was built without GPU support";
 
 }  // namespace hvdkeras

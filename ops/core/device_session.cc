@@ -80,7 +80,7 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
   const DeviceBackend* backend = GetDeviceBackend();
   std::string problem;
   if (backend == nullptr) {
-    problem = "this op library was built without GPU support";
+    problem = kNoGpuPart;
   } else if ((device_ = backend->device(&problem)) == nullptr) {
     problem = "no GPU is usable: " + problem;
   }

@@ -115,10 +115,15 @@ Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
   return Status::OK();
 }
 
-PackingPlan PlanFor(const std::vector<TensorRef*>& tensors) {
+Status FusedBuffer(ExecContext& ctx, const std::vector<TensorRef*>& tensors, PackingPlan* plan,
+                   char** buffer) {
   std::vector<int64_t> bytes;
   for (const TensorRef* t : tensors) bytes.push_back(TensorBytes(*t));
-  return PlanPacking(bytes, kDeviceAlignment, kMaxCopiesPerLaunch);
+  *plan = PlanPacking(bytes, kDeviceAlignment, kMaxCopiesPerLaunch);
+  void* scratch = nullptr;
+  Status s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan->total_bytes, &scratch);
+  *buffer = static_cast<char*>(scratch);
+  return s;
 }
 
 }  // namespace device_steps

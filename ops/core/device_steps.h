@@ -54,8 +54,10 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
 Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
                       const std::vector<Shape>& shapes, std::vector<char*>* out);
 
-// The fused layout of `tensors` (byte sizes at the device alignment).
-PackingPlan PlanFor(const std::vector<TensorRef*>& tensors);
+// The fused layout of `tensors` (each at a multiple of kDeviceAlignment)
+// and a device scratch buffer that holds it.
+Status FusedBuffer(ExecContext& ctx, const std::vector<TensorRef*>& tensors, PackingPlan* plan,
+                   char** buffer);
 
 }  // namespace device_steps
 }  // namespace hvdkeras

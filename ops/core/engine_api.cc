@@ -48,7 +48,7 @@ Status PrepareDevice(PendingOp* op) {
     return Status::Error(StatusCode::kPreconditionError,
                          "GPU tensor for collective '" + r.name + "', but " +
                              (backend ? "no GPU is usable: " + why
-                                      : std::string("the op library was built without CUDA")));
+                                      : std::string(kNoGpuPart)));
   }
   for (TensorRef& t : op->tensors) {
     Status s = device->RecordReady(t.device, t.framework_stream, &t.ready);
