@@ -17,6 +17,14 @@
 #
 #   HVDKERAS_TF_VENVS   where the environments live (default build/, which
 #                       git ignores): build/venv-tf<VERSION>
+#   HVDKERAS_TF_VENVS_KEEP  1 (default) keeps each environment for the next
+#                       run; 0 removes it once its tests ran, so the leg needs
+#                       disk for one environment (about 2.5 GB) instead of five
+#                       (about 11 GB). .ci/run sets 0: a clean clone never
+#                       reuses them.
+#   HVDKERAS_TF_VENV_MIN_FREE_GB  free disk needed before an environment is
+#                       created (default 4); less fails at once with a message
+#                       instead of pip running out of space half-way.
 # Extra pytest arguments can be given after "--".
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
@@ -29,6 +37,8 @@ case "$VENVS" in
   *) VENVS="$REPO_ROOT/$VENVS" ;;
 esac
 PYTHON="${PYTHON:-python3}"
+KEEP="${HVDKERAS_TF_VENVS_KEEP:-1}"
+MIN_FREE_GB="${HVDKERAS_TF_VENV_MIN_FREE_GB:-4}"
 
 versions=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do versions+=("$1"); shift; done
@@ -58,6 +68,15 @@ for version in "${versions[@]}"; do
   venv="$VENVS/venv-tf$version"
   read -r -a pins <<< "tensorflow==$version $(extra_pins "$version")"
   if [[ ! -x "$venv/bin/python" ]]; then
+    mkdir -p "$VENVS"
+    free_kb=$(df -Pk "$VENVS" | awk 'NR==2 {print $4}')
+    if (( free_kb < MIN_FREE_GB * 1024 * 1024 )); then
+      echo "tf-versions: only $((free_kb / 1024)) MB free under $VENVS; an environment" \
+           "needs about ${MIN_FREE_GB} GB. Free disk, or remove old environments there" \
+           "(or set HVDKERAS_TF_VENVS_KEEP=0 so each is removed after its tests)." >&2
+      overall=1
+      break
+    fi
     echo "tf-versions: creating $venv" >&2
     "$PYTHON" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip >&2
@@ -80,5 +99,8 @@ for version in "${versions[@]}"; do
   echo "tf-versions: TensorFlow $version: exit $status; environment $((installed - started)) s," \
        "tests $((SECONDS - installed)) s" >&2
   [[ $status -eq 0 ]] || overall=1
+  if [[ "$KEEP" == "0" ]]; then
+    rm -rf "$venv"
+  fi
 done
 exit "$overall"
