@@ -33,7 +33,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat"},
     "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.collectives", "hvdkeras.gpu",
                            "hvdkeras.engine", "hvdkeras.compat"},
-    "hvdkeras.runner": {"hvdkeras.engine.config"},
+    "hvdkeras.runner": {"hvdkeras.engine.config", "hvdkeras.engine.failfast"},  # both stdlib-only
     "hvdkeras.recipes": {"hvdkeras.callbacks", "hvdkeras.training", "hvdkeras.collectives",
                          "hvdkeras.gpu", "hvdkeras.engine", "hvdkeras.runner"},
     "hvdkeras.spark": {"hvdkeras.runner", "hvdkeras.engine"},

@@ -54,7 +54,7 @@ def test_defaults_from_empty_mapping():
     assert cfg.cycle_time_ms == 1.0
     assert cfg.cache_capacity == 1024
     assert cfg.stall_check_seconds == 60.0
-    assert cfg.stall_shutdown_seconds == 0.0
+    assert cfg.stall_shutdown_seconds == 1800.0  # Note [hang bound]
     assert cfg.timeline_path == ""
     assert cfg.timeline_mark_cycles is False
     assert cfg.autotune is False

@@ -31,6 +31,9 @@ SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
 # Set by the launcher: the number of ranks it started. init() compares it with
 # MPI's world size to catch an mpiexec of another MPI (N worlds of size 1).
 EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"
+# Whether a rank's uncaught exception ends the job with MPI_Abort (default 1).
+# See Note [abort, not finalize] in hvdkeras/engine/failfast.py.
+ABORT_ON_ERROR = "HVDKERAS_ABORT_ON_ERROR"
 
 # Upper bounds: what the engine can represent, with room to spare.
 MAX_FUSION_THRESHOLD = 1 << 40  # 1 TiB
@@ -52,7 +55,8 @@ class EngineConfig:
         stall_check_seconds: After this long, rank 0 warns about collectives
             that some ranks submitted and others did not (0 disables).
         stall_shutdown_seconds: After this long, such collectives fail on
-            the ranks that submitted them (0: they wait forever).
+            the ranks that submitted them, which ends the job (0: they wait
+            forever). See Note [hang bound] in ops/core/engine_settings.def.
         timeline_path: Rank 0 writes a Chrome trace here ("" for none).
         timeline_mark_cycles: Add a marker for every engine cycle.
         autotune: Tune the fusion threshold and cycle time online; a knob set
@@ -71,7 +75,7 @@ class EngineConfig:
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     stall_check_seconds: float = 60.0
-    stall_shutdown_seconds: float = 0.0
+    stall_shutdown_seconds: float = 1800.0
     timeline_path: str = ""
     timeline_mark_cycles: bool = False
     autotune: bool = False
@@ -132,7 +136,8 @@ def _parse_seconds(env: Mapping[str, str], key: str, default: float) -> float:
     return value
 
 
-def _parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
+def parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
+    """`env[key]` as a boolean (1/0, true/false, yes/no, on/off); `default` when unset."""
     raw = env.get(key, "").strip().lower()
     if not raw:
         return default
@@ -163,7 +168,7 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
     env = os.environ if env is None else env
     defaults = EngineConfig()
     stall_check_seconds = _parse_seconds(env, STALL_CHECK_SECONDS, defaults.stall_check_seconds)
-    stall_check_disabled = _parse_bool(env, STALL_CHECK_DISABLE)
+    stall_check_disabled = parse_bool(env, STALL_CHECK_DISABLE)
     return EngineConfig(
         fusion_threshold=_parse_int(env, FUSION_THRESHOLD, defaults.fusion_threshold, 0,
                                     MAX_FUSION_THRESHOLD),
@@ -175,13 +180,13 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
         stall_shutdown_seconds=_parse_seconds(env, STALL_SHUTDOWN_SECONDS,
                                               defaults.stall_shutdown_seconds),
         timeline_path=env.get(TIMELINE, "").strip(),
-        timeline_mark_cycles=_parse_bool(env, TIMELINE_MARK_CYCLES),
-        autotune=_parse_bool(env, AUTOTUNE),
+        timeline_mark_cycles=parse_bool(env, TIMELINE_MARK_CYCLES),
+        autotune=parse_bool(env, AUTOTUNE),
         autotune_log=env.get(AUTOTUNE_LOG, "").strip(),
         allreduce_chunk_bytes=_parse_int(env, ALLREDUCE_CHUNK_BYTES,
                                          defaults.allreduce_chunk_bytes, 0,
                                          MAX_FUSION_THRESHOLD),
-        shm_allreduce=_parse_bool(env, SHM_ALLREDUCE, default=True),
+        shm_allreduce=parse_bool(env, SHM_ALLREDUCE, default=True),
         fusion_threshold_fixed=bool(env.get(FUSION_THRESHOLD, "").strip()),
         cycle_time_fixed=bool(env.get(CYCLE_TIME, "").strip()),
     )

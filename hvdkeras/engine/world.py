@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from hvdkeras.engine import c_api, library, tf_threads
+from hvdkeras.engine import c_api, failfast, library, tf_threads
 from hvdkeras.engine.config import EXPECTED_SIZE, EngineConfig, engine_config_from_env
 
 # The MPI standard's thread levels; mpi4py.MPI.THREAD_* hold the same values.
@@ -119,6 +119,7 @@ def init(comm: Any = None) -> None:
         raise TypeError(
             f"hvdkeras.init(comm=...) needs an mpi4py.MPI.Intracomm, got {type(comm).__name__}."
         )
+    abort_on_error = failfast.enabled(comm.Get_size())  # a bad value fails before MPI work
     thread_level = MPI.Query_thread()
     if thread_level < MPI.THREAD_SERIALIZED:
         raise RuntimeError(
@@ -149,6 +150,9 @@ def init(comm: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+    if abort_on_error:
+        # MPI_COMM_WORLD, not the engine's duplicate: every process of the job ends.
+        failfast.install(MPI.COMM_WORLD.Abort, _world.rank, _world.size)
     _announce_gpu_part(lib, _world.rank == 0)
 
 
@@ -203,6 +207,7 @@ def shutdown() -> None:
     if _world is None:
         return
     world, _world = _world, None
+    failfast.uninstall()
     library.handle().hvdkeras_engine_stop()
     for c in (world.cross_comm, world.local_comm, world.comm):
         c.Free()

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from hvdkeras.engine import world
+from hvdkeras.engine import failfast, world
 from hvdkeras.gpu.pin import pin_gpu
 from hvdkeras.recipes import load_recipe
 from hvdkeras.recipes.data_files import DataError
@@ -70,8 +70,10 @@ def train(recipe: dict, summary_json: Optional[str] = None) -> int:
     try:
         run(recipe, summary_json=summary_json)
     except DataError as error:
-        if world.rank() == 0:
-            print(f"hvdkeras: error: {error}", file=sys.stderr, flush=True)
+        # Any rank may meet bad data; each says it, and the job ends at once
+        # instead of the others waiting for this rank (Note [abort, not finalize]).
+        print(f"hvdkeras: error (rank {world.rank()}): {error}", file=sys.stderr, flush=True)
+        failfast.end_job(2, "a data error")
         return 2
     return 0
 

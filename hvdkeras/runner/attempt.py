@@ -28,6 +28,7 @@ FAILFAST_GRACE_S = 10.0
 FAILFAST_GRACE_ENV = "HVDKERAS_FAILFAST_GRACE_SECONDS"
 KILL_GRACE_S = 3.0
 POLL_S = 0.2
+LOST_WAIT_S = 1.0
 # The per-rank wrapper every rank runs under mpiexec (by path: see rank_shim).
 SHIM = str(Path(rank_shim.__file__).resolve())
 _PREFIX = re.compile(r"^\[(\d+)\]<(?:stdout|stderr)>: ")
@@ -70,6 +71,7 @@ class Attempt:
                  deadline: Optional[float] = None) -> None:
         self.cmd, self.env, self.status_dir, self.deadline = cmd, env, status_dir, deadline
         self.tails: dict = {}
+        self.lost: list[dict] = []
         self.lock = threading.Lock()
         self.enforced = False
         self.timed_out = False
@@ -77,10 +79,16 @@ class Attempt:
 
     def run(self) -> tuple[int, list[dict], float, dict]:
         """(mpiexec exit code, failure records, seconds from the first failure to the end,
-        last lines per rank)."""
+        last lines per rank). `lost` then holds the records of supervisors that were killed
+        (rank_shim.read_lost), earliest first."""
+        # mpiexec runs in a session of its own (a Ctrl-C reaches the ranks through
+        # us, once), so the terminal cannot end it when the launcher dies: Linux
+        # sends it SIGTERM then, and it ends its proxies and ranks, whose shims
+        # also stop when their proxy dies (rank_shim.run).
         proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
-                                env=self.env, start_new_session=True)
+                                env=self.env, start_new_session=True,
+                                preexec_fn=lambda: rank_shim.die_with_parent(signal.SIGTERM))
         forwarders = [_Forwarder(proc.stdout, lambda: sys.stdout, self.tails, self.lock),
                       _Forwarder(proc.stderr, lambda: sys.stderr, self.tails, self.lock)]
         for f in forwarders:
@@ -123,6 +131,13 @@ class Attempt:
             for f in forwarders:
                 f.join(timeout=5.0)
         records = rank_shim.read_statuses(self.status_dir)
+        self.lost = rank_shim.read_lost(self.status_dir)
+        if not records and not self.lost and proc.returncode != 0:
+            # A killed supervisor's witness may still be writing its record.
+            end = time.monotonic() + LOST_WAIT_S
+            while not self.lost and time.monotonic() < end:
+                time.sleep(0.05)
+                self.lost = rank_shim.read_lost(self.status_dir)
         # Wall-clock time from the first rank's failure until everything ended.
         elapsed = max(0.0, time.time() - records[0].get("time", time.time())) if records else 0.0
         return proc.returncode, records, elapsed, self.tails

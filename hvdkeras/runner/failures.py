@@ -6,10 +6,10 @@ What may import this module: the rest of `hvdkeras.runner` and
 
 from __future__ import annotations
 
-import re
 import signal
-from typing import Callable
+from typing import Callable, Optional
 
+from hvdkeras.engine.failfast import is_casualty
 from hvdkeras.runner.rank_shim import TAIL_LINES
 
 
@@ -18,18 +18,11 @@ def describe_failure(record: dict) -> str:
     where = f" on {record['host']}" if record.get("host") else ""
     if record.get("signal"):
         return f"rank {record['rank']}{where} was killed by signal {record['signal']}"
+    if record.get("reason"):  # the rank ended the job itself (Note [failure record])
+        return (f"rank {record['rank']}{where} failed with {record['reason']} and ended the job "
+                f"(exit code {record.get('exit_code')})")
     return f"rank {record['rank']}{where} exited with code {record.get('exit_code')}"
 
-
-# How a rank's collective fails after *another* rank shut the engine down or
-# exited: such a rank is a casualty, not the cause.
-# See Note [shutdown wording] in ops/core/engine.cc.
-_CASUALTY = re.compile(r"hvdkeras (has been|was) shut down")
-
-
-def is_casualty(text: str) -> bool:
-    """Whether `text` (a rank's last lines or traceback) shows it failed because another rank left."""
-    return bool(_CASUALTY.search(text or ""))
 
 
 def first_failure(records: list[dict], text_of: Callable[[dict], str]) -> list[dict]:
@@ -43,11 +36,15 @@ def first_failure(records: list[dict], text_of: Callable[[dict], str]) -> list[d
     return sorted(ordered, key=lambda r: is_casualty(text_of(r)))
 
 
-def failure_report(records: list[dict], mpiexec_code: int, tails: dict) -> tuple[str, int]:
+def failure_report(records: list[dict], mpiexec_code: int, tails: dict,
+                   lost: Optional[list[dict]] = None) -> tuple[str, int]:
     """(message, exit code) for a failed attempt from the ranks' status records.
 
-    Pure. The earliest record names the rank that failed first; without any
-    (a rank on another host, a shim that was killed) mpiexec's code is used.
+    Pure. The earliest record names the rank that failed first. Without any,
+    the supervisor that was killed first (`lost`, earliest first: see
+    rank_shim.read_lost) is named with its rank; without
+    those either (a rank on a host whose files we do not see), mpiexec's code
+    is used.
     """
     if records:
         records = first_failure(records, lambda r: "\n".join(r.get("last_lines") or []))
@@ -63,11 +60,23 @@ def failure_report(records: list[dict], mpiexec_code: int, tails: dict) -> tuple
         others = [str(r["rank"]) for r in records[1:]]
         if others:
             message += f" (then rank{'s' if len(others) > 1 else ''} {', '.join(others)} failed too)"
+    elif lost:
+        code = mpiexec_code if mpiexec_code > 0 else (128 - mpiexec_code if mpiexec_code < 0 else 1)
+        lost = sorted(lost, key=lambda m: m.get("time", 0.0))
+        first = lost[0]
+        message = (f"the supervisor of rank {first.get('rank')} (pid {first.get('pid')} on "
+                   f"{first.get('host')}) was killed, so the rank could not report "
+                   f"(mpiexec exited with code {mpiexec_code})")
+        others = [str(m.get("rank")) for m in lost[1:]]
+        if others:
+            message += f"; then mpiexec ended rank{'s' if len(others) > 1 else ''} {', '.join(others)}"
+        lines = list(tails.get(str(first.get("rank")), []))
     else:
         code = mpiexec_code if mpiexec_code > 0 else (128 - mpiexec_code if mpiexec_code < 0 else 1)
         message = f"mpiexec exited with code {mpiexec_code} and no rank reported a failure"
         lines = list(tails.get("mpiexec", []))
     if lines:
-        who = f"rank {records[0]['rank']}" if records else "mpiexec"
+        who = (f"rank {records[0]['rank']}" if records
+               else f"rank {lost[0].get('rank')}" if lost else "mpiexec")
         message += f"\nlast lines of {who}:\n" + "\n".join(f"    {line}" for line in lines[-TAIL_LINES:])
     return message, code

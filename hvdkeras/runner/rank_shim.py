@@ -10,6 +10,11 @@ child fails on its own (not because the shim was told to stop), it writes
 ``D/rank.<rank>.json`` (rank, exit code or signal, last lines, time) for the
 launcher to name the failing rank.
 
+A rank that ends the job itself (an uncaught exception: MPI abort) is killed
+by the MPI launcher together with its shim, so it writes its own record first,
+to the path the shim hands it in ``HVDKERAS_FAILURE_RECORD``; see Note
+[failure record].
+
 The launcher runs this file by path, not with ``-m``, so that starting a
 rank does not import the hvdkeras package (and TensorFlow) twice.
 """
@@ -30,6 +35,17 @@ import time
 from typing import Optional
 
 TAIL_LINES = 20
+# Note [failure record]
+# ~~~~~~~~~~~~~~~~~~~~~
+# One JSON object per failed rank in the status directory, ``rank.<R>.json``:
+# rank, attempt, exit_code (None when killed by a signal), signal (its name or
+# None), last_lines (up to TAIL_LINES), time (time.time() of the failure),
+# host, pid and, when the rank wrote it itself, reason. Written atomically by
+# this shim when its child fails, or by the rank itself before it aborts the
+# job (hvdkeras/engine/failfast.py, which cannot import this module: it lies
+# below the runner); read by the launcher (read_statuses, failures.py).
+# tests/test_fault_ending.py checks that a record failfast writes reads back here.
+FAILURE_RECORD_ENV = "HVDKERAS_FAILURE_RECORD"
 STATUS_PREFIX = "rank."
 STATUS_SUFFIX = ".json"
 _PR_SET_PDEATHSIG = 1
@@ -58,10 +74,28 @@ def status_path(status_dir: str, rank: str) -> str:
     return os.path.join(status_dir, f"{STATUS_PREFIX}{rank}{STATUS_SUFFIX}")
 
 
-def write_status(status_dir: str, record: dict) -> None:
-    """Writes one rank's failure record atomically."""
+# A supervisor killed outright (SIGKILL) cannot say so, and the MPI launcher
+# then kills the other ranks' supervisors too. So each shim starts a small
+# witness process, in a session of its own, that waits on a pipe: when the
+# shim finishes it writes one byte; when it dies the pipe just closes, and the
+# witness writes ``lost.<R>.json`` (rank, host, pid of the shim, time). The
+# earliest such record is the supervisor that was killed first.
+LOST_PREFIX = "lost."
+
+
+def lost_path(status_dir: str, rank: str) -> str:
+    return os.path.join(status_dir, f"{LOST_PREFIX}{rank}{STATUS_SUFFIX}")
+
+
+def read_lost(status_dir: str) -> list[dict]:
+    """Records of supervisors that died without finishing, earliest first."""
+    return _read_records(status_dir, LOST_PREFIX)
+
+
+def write_status(status_dir: str, record: dict, final: Optional[str] = None) -> None:
+    """Writes one rank's failure record (or another record to `final`) atomically."""
     os.makedirs(status_dir, exist_ok=True)
-    final = status_path(status_dir, str(record["rank"]))
+    final = final or status_path(status_dir, str(record["rank"]))
     tmp = f"{final}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f)
@@ -70,13 +104,17 @@ def write_status(status_dir: str, record: dict) -> None:
 
 def read_statuses(status_dir: str) -> list[dict]:
     """All failure records in `status_dir`, earliest first."""
+    return _read_records(status_dir, STATUS_PREFIX)
+
+
+def _read_records(status_dir: str, prefix: str) -> list[dict]:
     records = []
     try:
         names = os.listdir(status_dir)
     except OSError:
         return []
     for name in names:
-        if name.startswith(STATUS_PREFIX) and name.endswith(STATUS_SUFFIX):
+        if name.startswith(prefix) and name.endswith(STATUS_SUFFIX):
             try:
                 with open(os.path.join(status_dir, name), encoding="utf-8") as f:
                     records.append(json.load(f))
@@ -129,13 +167,18 @@ class Pump(threading.Thread):
         os.close(self.fd)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """preexec_fn: SIGKILL this child when the shim dies, however it dies."""
+def die_with_parent(sig: int) -> None:
+    """Asks Linux to send `sig` to this process when its parent dies (no-op elsewhere)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """preexec_fn: SIGKILL this child when the shim dies, however it dies."""
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the shim died before prctl took effect
         os._exit(1)
 
@@ -143,6 +186,58 @@ def _die_with_parent(parent_pid: int) -> None:
 def run(command: list[str], status_dir: Optional[str], log_dir: Optional[str], attempt: int,
         prefix: bool) -> int:
     rank = rank_from_env()
+    # When the MPI proxy that started this shim dies (the launcher was killed),
+    # stop the rank as if told to (SIGTERM is forwarded, then SIGKILL).
+    parent = os.getppid()
+    die_with_parent(signal.SIGTERM)
+    if os.getppid() != parent:
+        return 128 + signal.SIGTERM
+    witness = _start_witness(status_dir, rank, attempt) if status_dir else None
+    try:
+        return _supervise(command, status_dir, log_dir, attempt, prefix, rank)
+    finally:
+        if witness is not None:
+            try:
+                os.write(witness, b"x")  # finished: the witness leaves without a record
+                os.close(witness)
+            except OSError:
+                pass
+
+
+def _start_witness(status_dir: str, rank: str, attempt: int) -> Optional[int]:
+    """Starts this shim's witness; returns the pipe end to write when finished."""
+    read_end, write_end = os.pipe()  # not inherited by the rank (os.pipe fds are not)
+    try:
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--witness", str(read_end),
+             "--status-dir", status_dir, "--attempt", str(attempt), "--rank", rank,
+             "--shim-pid", str(os.getpid())],
+            pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+def _witness(fd: int, status_dir: str, rank: str, attempt: int, shim_pid: int) -> int:
+    """Waits for the shim; records it as lost when it dies without finishing."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # only the pipe ends this process
+    try:
+        finished = os.read(fd, 1)
+    except OSError:
+        finished = b""
+    if not finished:
+        write_status(status_dir, {"rank": rank, "attempt": attempt, "host": socket.gethostname(),
+                                  "pid": shim_pid, "time": time.time()}, lost_path(status_dir, rank))
+    return 0
+
+
+def _supervise(command: list[str], status_dir: Optional[str], log_dir: Optional[str],
+               attempt: int, prefix: bool, rank: str) -> int:
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
     lock = threading.Lock()
     log = None
@@ -154,6 +249,8 @@ def run(command: list[str], status_dir: Optional[str], log_dir: Optional[str], a
         log.flush()
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the prefixer as they are printed
+    if status_dir:
+        env[FAILURE_RECORD_ENV] = status_path(status_dir, rank)
     try:
         child = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -209,7 +306,8 @@ def run(command: list[str], status_dir: Optional[str], log_dir: Optional[str], a
         exit_code, sig = 128 - returncode, signal_name(-returncode)
     else:
         exit_code, sig = returncode, None
-    if exit_code != 0 and status_dir and not told_to_stop.is_set():
+    own_record = status_dir and os.path.exists(status_path(status_dir, rank))
+    if exit_code != 0 and status_dir and not told_to_stop.is_set() and not own_record:
         with lock:
             last = list(tail)
         try:
@@ -232,8 +330,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--log-dir")
     parser.add_argument("--attempt", type=int, default=1)
     parser.add_argument("--no-prefix", action="store_true")
+    parser.add_argument("--witness", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    parser.add_argument("--shim-pid", type=int, help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.witness is not None:
+        return _witness(args.witness, args.status_dir, args.rank, args.attempt, args.shim_pid)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")

@@ -146,7 +146,7 @@ def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
             if code == 0 and not records:
                 log(f"attempt {attempt} of {policy.max_attempts} succeeded in {took:.1f} s", log_file)
                 return JobResult(0, attempt)
-            message, exit_code = failure_report(records, code, tails)
+            message, exit_code = failure_report(records, code, tails, supervisor.lost)
             headline, _, details = message.partition("\n")
             if records and plan.np > 1:
                 headline += f"; all ranks ended {since_failure:.1f} s after it failed"

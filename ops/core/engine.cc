@@ -19,10 +19,11 @@ constexpr int kBusyCyclesBeforeNap = 10;
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // When a rank leaves, the collectives still waiting on the others fail with
 // a message containing "hvdkeras was shut down" (here) or "hvdkeras has been
-// shut down" (SubmissionQueue::Submit). The launcher recognises ranks that
-// failed only because of that (hvdkeras/runner/failures.py, is_casualty) so
-// that it names the rank that failed first rather than its casualties:
-// change the wording in both places or neither.
+// shut down" (SubmissionQueue::Submit). Python recognises ranks that failed
+// only because of that (is_casualty in hvdkeras/engine/failfast.py): such a
+// rank does not abort the job (the rank that left is ending it and reports
+// itself), and the launcher names the rank that failed first rather than its
+// casualties. Change the wording in both places or neither.
 
 }  // namespace
 
