@@ -10,6 +10,9 @@ PyYAML implements YAML 1.1, which has quirks that bite configuration files:
   text of every plain scalar is kept, so a field that wants a string (say
   `mode: off`) gets the text back instead of a boolean.
 
+Hostile input is bounded: at most 1 MiB of text, at most 100,000 values once
+aliases are expanded, and no explicit tags at all (each refused with its line).
+
 Every value is addressed by its *path*, a tuple of keys and list indices such
 as `("optimizer", "schedule", "name")`; `Document.location(path)` says where
 that value came from: `recipe.yaml:12` or `--set optimizer.learning_rate=0.1`.
@@ -68,6 +71,7 @@ class Document:
     raw: Dict[Path, str] = dataclasses.field(default_factory=dict)
     origins: Dict[Path, str] = dataclasses.field(default_factory=dict)
     duplicates: List[Tuple[Path, str]] = dataclasses.field(default_factory=list)
+    values: int = 0  # values converted so far, against MAX_VALUES
 
     def location(self, path: Path) -> str:
         """`file:line` or `--set ...` for `path` (or its nearest known parent)."""
@@ -99,6 +103,12 @@ def _scalar_key(node: yaml.Node, loader: RecipeLoader, where: str) -> str:
 
 def _convert(node: yaml.Node, loader: RecipeLoader, path: Path, doc: Document,
              active: set) -> Any:
+    doc.values += 1
+    if doc.values > MAX_VALUES:
+        raise SourceError(f"{doc.filename}:{node.start_mark.line + 1}",
+                          f"the recipe expands to more than {MAX_VALUES} values; aliases "
+                          "(*name) that repeat anchors inside anchors multiply, and a recipe "
+                          "never needs that many")
     if isinstance(node, yaml.ScalarNode):
         if node.style is None:
             doc.raw[path] = node.value
@@ -138,17 +148,64 @@ def _convert(node: yaml.Node, loader: RecipeLoader, path: Path, doc: Document,
                       f"unsupported YAML node {type(node).__name__}")
 
 
-def _compose(text: str, filename: str) -> Tuple[Optional[yaml.Node], RecipeLoader]:
-    loader = RecipeLoader(text)
+# Limits that keep a hostile recipe from costing time or memory: a recipe is
+# a page of settings, so both are far above any real one.
+MAX_RECIPE_BYTES = 1 << 20
+MAX_VALUES = 100_000  # values after aliases are expanded (an alias bomb has billions)
+
+# Contexts in which PyYAML's context mark, not its problem mark, is where the
+# mistake is: the problem is only noticed on a later line (a key missing its
+# ':', an unclosed quote or bracket).
+_CONTEXT_IS_THE_MISTAKE = ("while scanning a simple key", "while scanning a quoted scalar",
+                           "while scanning a double-quoted scalar", "while parsing a flow")
+
+
+def _syntax_error(error: yaml.MarkedYAMLError, filename: str) -> SourceError:
+    problem = error.problem or "invalid YAML"
+    mark = error.problem_mark or error.context_mark
+    if (error.context_mark is not None and error.context
+            and error.context.startswith(_CONTEXT_IS_THE_MISTAKE)):
+        mark = error.context_mark
+        if error.problem_mark is not None and error.problem_mark.line != mark.line:
+            problem = f"{problem} (noticed on line {error.problem_mark.line + 1})"
+    if error.context:
+        problem = f"{error.context}, {problem}"
+    line = mark.line + 1 if mark is not None else 1
+    return SourceError(f"{filename}:{line}", f"YAML syntax error: {problem}")
+
+
+def _reject_tags(text: str, filename: str) -> None:
+    """Refuses every explicit YAML tag (`!!python/...`, `!!str`, `!custom`) with its line.
+
+    A safe loader refuses unknown tags on plain values but would drop a tag on
+    a mapping or list without a word; a recipe never needs one.
+    """
+    scanner = RecipeLoader(text)
     try:
+        while True:
+            token = scanner.get_token()
+            if token is None or isinstance(token, yaml.StreamEndToken):
+                return
+            if isinstance(token, yaml.TagToken):
+                handle, suffix = token.value
+                raise SourceError(f"{filename}:{token.start_mark.line + 1}",
+                                  f"YAML tags such as '{handle or ''}{suffix}' are not allowed in "
+                                  "a recipe; write the plain value (a recipe names what to build, "
+                                  "it never constructs Python objects)")
+    finally:
+        scanner.dispose()
+
+
+def _compose(text: str, filename: str) -> Tuple[Optional[yaml.Node], RecipeLoader]:
+    if len(text.encode("utf-8", "replace")) > MAX_RECIPE_BYTES:
+        raise SourceError(f"{filename}:1", f"the recipe is larger than {MAX_RECIPE_BYTES >> 20} "
+                          "MiB; a recipe holds settings, and data belongs in data files")
+    try:
+        _reject_tags(text, filename)
+        loader = RecipeLoader(text)
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        problem = error.problem or "invalid YAML"
-        if error.context:
-            problem = f"{error.context}, {problem}"
-        raise SourceError(f"{filename}:{line}", f"YAML syntax error: {problem}") from None
+        raise _syntax_error(error, filename) from None
     except yaml.YAMLError as error:
         raise SourceError(f"{filename}:1", f"YAML error: {error}") from None
     return node, loader
