@@ -18,7 +18,7 @@ import platform
 import sys
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import yaml
 
@@ -169,10 +169,11 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
                         help="also write the final summary (metrics, time, checkpoints) here")
 
 
-def _load_recipe_or_report(recipe: str, overrides, environment: bool = True):
+def _load_recipe_or_report(recipe: str, overrides, environment: bool = True,
+                           world_size: Optional[int] = None):
     """(recipe, path) or None after printing the problems to stderr."""
     try:
-        loaded, _ = load_recipe(recipe, overrides, environment=environment)
+        loaded, _ = load_recipe(recipe, overrides, environment=environment, world_size=world_size)
     except RecipeError as error:
         print(f"hvdkeras: error: {error}", file=sys.stderr)
         return None
@@ -189,7 +190,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"hvdkeras: error: --max-restarts must be >= 0, got {args.max_restarts}",
               file=sys.stderr)
         return 2
-    loaded = _load_recipe_or_report(args.recipe, args.overrides)
+    loaded = _load_recipe_or_report(args.recipe, args.overrides, world_size=args.np)
     if loaded is None:
         return 2
     recipe, path = loaded

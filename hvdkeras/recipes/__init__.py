@@ -56,7 +56,8 @@ def find_recipe(name_or_path: str) -> str:
 
 
 def load_recipe(path: str, overrides: Sequence[str] = (), environment: bool = True,
-                cwd: Optional[str] = None) -> Tuple[dict, Document]:
+                cwd: Optional[str] = None, world_size: Optional[int] = None
+                ) -> Tuple[dict, Document]:
     """Reads, overrides and validates a recipe.
 
     Args:
@@ -65,6 +66,8 @@ def load_recipe(path: str, overrides: Sequence[str] = (), environment: bool = Tr
         environment: Also check names and files against this environment
             (imports Keras; see `hvdkeras.recipes.resolve`).
         cwd: Where relative output paths point (default: the current dir).
+        world_size: The number of ranks it will run on, when known: a
+            per-rank batch that a rank's shard cannot fill is then an error.
 
     Returns:
         (the normalized recipe, the parsed document).
@@ -82,7 +85,7 @@ def load_recipe(path: str, overrides: Sequence[str] = (), environment: bool = Tr
     if not issues and environment:
         from hvdkeras.recipes.resolve import resolve  # lazy: imports Keras, see above
 
-        issues = resolve(recipe, doc)
+        issues = resolve(recipe, doc, world_size)
     if issues:
         raise RecipeError(issues)
     return recipe, doc

@@ -20,6 +20,7 @@ from hvdkeras.recipes.schema_data import BUNDLED_DATA_DIR
 
 DIGITS_FILE = BUNDLED_DATA_DIR / "digits.csv.gz"
 DIGITS_PARQUET = BUNDLED_DATA_DIR / "digits.parquet"
+DIGITS_EXAMPLES = 1797  # rows of DIGITS_FILE (a test reads the file and checks)
 
 
 class DataError(Exception):

@@ -18,12 +18,13 @@ import importlib.util
 import inspect
 import os
 import sys
+import zlib
 from typing import Any, Callable, Iterable, List, Optional
 
 import keras
 
 from hvdkeras.engine.config import engine_config_from_env
-from hvdkeras.recipes import data_files, keras_objects
+from hvdkeras.recipes import data_checks, data_files, keras_objects
 from hvdkeras.recipes.launching import engine_env
 from hvdkeras.recipes.models import application_names
 from hvdkeras.recipes.schema_data import FILE_SOURCES, TF_IO_MESSAGE, data_source_kind
@@ -174,11 +175,14 @@ def _check_named(spec: Any, path: Path, out: Context, kind: str) -> None:
                          f"keras.{'losses' if kind == 'loss' else 'metrics'} for the names")
 
 
-def _check_data(recipe: dict, out: Context) -> None:
+def _check_data(recipe: dict, out: Context, world_size: Optional[int]) -> None:
     data = recipe["data"]
     kind = data_source_kind(data["source"])
     if kind == "function":
         _import_target(data["source"], ("data", "source"), out, "data.source")
+        return
+    if kind == "bundled":
+        _check_shards(data, data_files.DIGITS_EXAMPLES, out, world_size)
         return
     if kind == "parquet":
         problem = tensorflow_io_problem()
@@ -194,20 +198,69 @@ def _check_data(recipe: dict, out: Context) -> None:
             if not data_files.expand_paths([pattern]):
                 out.error(path + (index,) if len(patterns) > 1 else path,
                           f"no file matches {pattern!r}")
-    if kind == "csv":
-        files = data_files.expand_paths(data["path"])
-        if files:
-            compression = data_files.compression_for(data["compression"], files)
+    if out.issues or kind == "parquet":
+        return
+    total = 0
+    for path, patterns in lists:
+        files = data_files.expand_paths(patterns)
+        compression = data_files.compression_for(data["compression"], files)
+        count: Optional[int] = 0
+        for name in files:
             try:
-                first = data_files.read_first_line(files[0], compression)
-                data_files.csv_columns(data, first)
+                if kind == "csv":
+                    first = data_files.read_first_line(name, compression)
+                    columns = data_files.csv_columns(data, first)[0]
+                    found, problem = data_checks.check_csv(name, compression, data["header"],
+                                                           columns)
+                else:
+                    found, problem = data_checks.check_tfrecord(name, compression)
             except data_files.DataError as error:
-                out.error(("data", error.field or "path"), error.message)
-            except OSError as error:
-                out.error(("data", "path"), f"cannot read {files[0]}: {error}")
+                out.error(("data", error.field or "path"), f"{name}: {error.message}")
+                return
+            except (OSError, EOFError, zlib.error) as error:
+                out.error(path, f"cannot read {name}: {error}")
+                return
+            if problem:
+                out.error(path, problem)
+                return
+            count = None if count is None or found is None else count + found
+        if path == ("data", "path"):
+            total = count
+    _check_shards(data, total, out, world_size)
+
+
+def _check_shards(data: dict, examples: Optional[int], out: Context,
+                  world_size: Optional[int]) -> None:
+    """A per-rank batch that the smallest rank's training shard cannot fill is an error."""
+    if examples is None or not world_size:
+        return
+    fraction = (data["validation"] or {}).get("split") or 0.0
+    train = examples - int(data_files.validation_mask(examples, fraction).sum()) if fraction \
+        else examples
+    shard = data_files.shard_size(train, world_size - 1, world_size) if data["shard"] else train
+    if shard < data["batch_size"]:
+        out.error(("data", "batch_size"),
+                  f"{data['batch_size']} per rank does not fit: {train} training examples over "
+                  f"{world_size} rank(s) leave {shard} on the smallest shard, so no full batch "
+                  "could ever be made; lower data.batch_size or use fewer ranks")
 
 
 def _check_outputs(recipe: dict, out: Context) -> None:
+    callbacks = recipe["callbacks"]
+    folders = []
+    if recipe["checkpoint"] is not None:
+        folders.append((("checkpoint", "dir"), recipe["checkpoint"]["dir"]))
+    if callbacks["tensorboard"] is not None:
+        folders.append((("callbacks", "tensorboard", "log_dir"), callbacks["tensorboard"]["log_dir"]))
+    if callbacks["csv_logger"] is not None:
+        folders.append((("callbacks", "csv_logger", "path"),
+                        os.path.dirname(callbacks["csv_logger"]["path"])))
+    if recipe["engine"]["timeline"] is not None:
+        folders.append((("engine", "timeline"), os.path.dirname(recipe["engine"]["timeline"])))
+    for path, folder in folders:
+        problem = data_checks.writable_dir_problem(folder)
+        if problem:
+            out.error(path, problem)
     checkpoint = recipe["checkpoint"]
     if checkpoint is not None and os.path.exists(checkpoint["dir"]):
         if not os.path.isdir(checkpoint["dir"]):
@@ -232,15 +285,19 @@ def _check_engine(recipe: dict, out: Context) -> None:
         out.error(("engine",), str(error))
 
 
-def resolve(recipe: dict, doc: Document) -> List[Issue]:
-    """Environment checks of a normalized recipe; returns the problems found."""
+def resolve(recipe: dict, doc: Document, world_size: Optional[int] = None) -> List[Issue]:
+    """Environment checks of a normalized recipe; returns the problems found.
+
+    `world_size` (the ranks it will run on, when known) adds the check that a
+    per-rank batch fits every rank's shard.
+    """
     out = Context(doc)
     _check_model(recipe, out)
     _check_optimizer(recipe, out)
     _check_named(recipe["training"]["loss"], ("training", "loss"), out, "loss")
     for index, metric in enumerate(recipe["training"]["metrics"]):
         _check_named(metric, ("training", "metrics", index), out, "metric")
-    _check_data(recipe, out)
+    _check_data(recipe, out, world_size)
     _check_outputs(recipe, out)
     _check_engine(recipe, out)
     return out.issues

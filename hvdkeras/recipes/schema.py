@@ -128,17 +128,23 @@ class _Precision(Str):
         return super().check(value, path, ctx)
 
 
+# Bounds that no real run reaches and that keep counts in the range Keras
+# and the learning-rate arithmetic handle exactly (an epochs of 1e30 would
+# otherwise validate and then run "forever").
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 1_000_000_000
+
 TRAINING = Map({
-    "epochs": Field(Int(1), default=10),
-    "steps": Field(Nullable(Int(1)), help="total steps instead of epochs"),
-    "steps_per_epoch": Field(Nullable(Int(1)), help="default: one pass over the shard"),
-    "validation_steps": Field(Nullable(Int(1))),
+    "epochs": Field(Int(1, MAX_EPOCHS), default=10),
+    "steps": Field(Nullable(Int(1, MAX_STEPS)), help="total steps instead of epochs"),
+    "steps_per_epoch": Field(Nullable(Int(1, MAX_STEPS)), help="default: one pass over the shard"),
+    "validation_steps": Field(Nullable(Int(1, MAX_STEPS))),
     "loss": Field(_named_with_args("a keras.losses name"),
                   default="sparse_categorical_crossentropy"),
     "metrics": Field(ListOf(_named_with_args("a keras.metrics name"), scalar_ok=True),
                      default=["accuracy"]),
     "mixed_precision": Field(_Precision(), default="none"),
-    "steps_per_execution": Field(Int(1), default=1),
+    "steps_per_execution": Field(Int(1, MAX_STEPS), default=1),
     "verbose": Field(Union(Str(choices=("auto",)), Int(0, 2)), default="auto"),
 }, what="the training section")
 
