@@ -4,17 +4,23 @@ Used by `hvdkeras.spark.run` (the driver serves the pickled function, the
 MPI port names and collects results). Wire format, per connection:
 
 * the server first sends ``MAGIC`` and a fresh 32-byte random nonce;
-* each message is ``length (4 bytes, big endian) | HMAC-SHA256 (32 bytes) | body``
-  where the HMAC is keyed with the per-job secret and covers a direction byte
-  (``C`` client->server, ``S`` server->client), the connection's nonce, the
-  message's sequence number in that direction and the body;
-* the body is a pickle, and it is unpickled only after its HMAC checked out
+* each message is ``length (4 bytes, big endian) | header HMAC (32) | body |
+  body HMAC (32)``. Both HMACs (SHA-256) are keyed with the per-job secret and
+  cover a direction byte (``C`` client->server, ``S`` server->client), the
+  connection's nonce and the message's sequence number in that direction; the
+  first covers the length, the second the body;
+* the header HMAC is checked before a byte of the body is read, so a peer
+  without the secret can make the service read 36 bytes and no more, whatever
+  length it claims; an authenticated length is still capped (MAX_MESSAGE_BYTES);
+* the body is a pickle, unpickled only after its HMAC checked out
   (`hmac.compare_digest`), so nothing unauthenticated is ever deserialised.
 
 A message with a wrong HMAC (wrong secret, tampered, replayed from another
 connection or out of order) makes the server count a rejection and drop the
 connection without answering. Responses are authenticated the same way, so
-a client never unpickles data from an impostor either.
+a client never unpickles data from an impostor either. The service serves at
+most `max_connections` connections at once (more are closed at once), and a
+connection must send its first request within FIRST_REQUEST_S.
 """
 
 from __future__ import annotations
@@ -32,8 +38,13 @@ from typing import Any, Callable, Optional
 MAGIC = b"HVDKSVC1"
 NONCE_BYTES = 32
 MAC_BYTES = 32
-MAX_MESSAGE_BYTES = 1 << 31
+# An authenticated message's largest body: results (say a model's weights)
+# travel through the service, so this is generous; it never applies to a
+# peer without the secret, which is cut off after the 36-byte header.
+MAX_MESSAGE_BYTES = 1 << 30
 IO_TIMEOUT_S = 120.0
+FIRST_REQUEST_S = 10.0
+MAX_CONNECTIONS = 64
 _HEADER = struct.Struct(">I")
 
 
@@ -50,8 +61,10 @@ def new_secret() -> bytes:
     return secrets.token_bytes(32)
 
 
-def _mac(secret: bytes, direction: bytes, nonce: bytes, seq: int, body: bytes) -> bytes:
-    return hmac.new(secret, direction + nonce + seq.to_bytes(8, "big") + body,
+def _mac(secret: bytes, part: bytes, direction: bytes, nonce: bytes, seq: int,
+         content: bytes) -> bytes:
+    """HMAC of one part (b"H" header, b"B" body) of message `seq` in `direction`."""
+    return hmac.new(secret, part + direction + nonce + seq.to_bytes(8, "big") + content,
                     hashlib.sha256).digest()
 
 
@@ -69,28 +82,33 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 def send_frame(sock: socket.socket, secret: bytes, direction: bytes, nonce: bytes, seq: int,
                body: bytes) -> None:
     """Sends one authenticated frame."""
-    sock.sendall(_HEADER.pack(len(body)) + _mac(secret, direction, nonce, seq, body) + body)
+    header = _HEADER.pack(len(body))
+    sock.sendall(header + _mac(secret, b"H", direction, nonce, seq, header) + body
+                 + _mac(secret, b"B", direction, nonce, seq, body))
 
 
 def recv_frame(sock: socket.socket, secret: bytes, direction: bytes, nonce: bytes,
                seq: int, wait: Optional[float] = -1.0) -> bytes:
     """Receives one frame; raises AuthenticationError when its HMAC is wrong.
 
-    `wait` bounds the wait for the frame to begin (None: no bound; the
-    default keeps the socket's timeout); the rest of the frame must then
-    arrive within IO_TIMEOUT_S.
+    `wait` bounds the wait for the frame's header (None: no bound; the
+    default keeps the socket's timeout); once the header is authenticated,
+    the rest must arrive within IO_TIMEOUT_S.
     """
     if wait is None or wait >= 0:
         sock.settimeout(wait)
-    header = _recv_exact(sock, _HEADER.size)
+    head = _recv_exact(sock, _HEADER.size + MAC_BYTES)
     sock.settimeout(IO_TIMEOUT_S)
+    header, header_mac = head[:_HEADER.size], head[_HEADER.size:]
+    if not hmac.compare_digest(header_mac, _mac(secret, b"H", direction, nonce, seq, header)):
+        raise AuthenticationError("message with a wrong HMAC (header)")
     (length,) = _HEADER.unpack(header)
     if length > MAX_MESSAGE_BYTES:
-        raise AuthenticationError(f"message of {length} bytes refused")
-    mac = _recv_exact(sock, MAC_BYTES)
+        raise AuthenticationError(f"message of {length} bytes refused (at most {MAX_MESSAGE_BYTES})")
     body = _recv_exact(sock, length)
-    if not hmac.compare_digest(mac, _mac(secret, direction, nonce, seq, body)):
-        raise AuthenticationError("message with a wrong HMAC")
+    body_mac = _recv_exact(sock, MAC_BYTES)
+    if not hmac.compare_digest(body_mac, _mac(secret, b"B", direction, nonce, seq, body)):
+        raise AuthenticationError("message with a wrong HMAC (body)")
     return body
 
 
@@ -105,17 +123,24 @@ class Service:
         handler: Called for each authenticated request, from a thread per
             connection; its return value (picklable) is the response; an
             exception it raises becomes a `ServiceError` in the client.
-        host: Interface to listen on ("" for all: executors on other hosts).
+        host: Interface to listen on: the address the clients reach (""
+            listens on all interfaces).
         port: 0 picks a free port.
+        max_connections: Connections served at once; more are closed at once
+            (counted in `refused`).
     """
 
-    def __init__(self, secret: bytes, handler: Handler, host: str = "", port: int = 0) -> None:
+    def __init__(self, secret: bytes, handler: Handler, host: str = "", port: int = 0,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         if not isinstance(secret, bytes) or len(secret) < 16:
             raise ValueError("secret must be at least 16 random bytes (use new_secret()).")
         self.secret = secret
         self.handler = handler
+        self.max_connections = max_connections
         self.rejected = 0
+        self.refused = 0
         self.served = 0
+        self._active = 0
         self._lock = threading.Lock()
         service = self
 
@@ -136,7 +161,28 @@ class Service:
     def port(self) -> int:
         return self._server.server_address[1]
 
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the service listens on."""
+        return self._server.server_address[:2]
+
     def _serve_connection(self, sock: socket.socket) -> None:
+        with self._lock:
+            admitted = self._active < self.max_connections
+            if admitted:
+                self._active += 1
+            else:
+                self.refused += 1
+        if not admitted:
+            sock.close()
+            return
+        try:
+            self._serve_admitted(sock)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def _serve_admitted(self, sock: socket.socket) -> None:
         sock.settimeout(IO_TIMEOUT_S)
         nonce = secrets.token_bytes(NONCE_BYTES)
         seq = 0
@@ -148,7 +194,7 @@ class Service:
                     # hold a thread for long); an authenticated client may then
                     # stay idle for as long as its rank runs.
                     body = recv_frame(sock, self.secret, b"C", nonce, seq,
-                                      wait=IO_TIMEOUT_S if seq == 0 else None)
+                                      wait=FIRST_REQUEST_S if seq == 0 else None)
                 except AuthenticationError:
                     with self._lock:
                         self.rejected += 1

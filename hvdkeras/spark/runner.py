@@ -32,7 +32,6 @@ import collections
 import ctypes
 import os
 import pickle
-import secrets
 import signal
 import socket
 import subprocess
@@ -49,7 +48,7 @@ from hvdkeras.runner import mpi_env, rank_shim
 from hvdkeras.runner.failures import first_failure
 from hvdkeras.runner.function_runner import RankFailedError, raise_rank_error
 from hvdkeras.runner.launch import inherited_env, resolve_mpiexec
-from hvdkeras.runner.service import Client, Service, ServiceError
+from hvdkeras.runner.service import Client, Service, ServiceError, new_secret
 from hvdkeras.spark import task_env
 
 DRIVER_HOST_ENV = "HVDKERAS_SPARK_DRIVER_HOST"
@@ -128,14 +127,19 @@ def _run_task_rank(index: int, size: int, address: str, secret_hex: str,
     env = inherited_env(os.environ)  # not the worker's own MPI runtime, if it has one
     env.pop(EXPECTED_SIZE, None)  # the rank's COMM_WORLD is 1; its world is the joined comm
     env.update(extra_env)
-    env.update({task_env.ADDRESS_ENV: address, task_env.SECRET_ENV: secret_hex,
+    secret_file = task_env.write_secret_file(secret_hex)  # the rank removes it at start
+    env.update({task_env.ADDRESS_ENV: address, task_env.SECRET_FILE_ENV: secret_file,
                 task_env.INDEX_ENV: str(index), task_env.SIZE_ENV: str(size),
                 "PYTHONUNBUFFERED": "1"})
     host, _, port = address.rpartition(":")
-    client = Client((host, int(port)), bytes.fromhex(secret_hex))
-    proc = subprocess.Popen(_rank_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, start_new_session=True,
-                            preexec_fn=_term_with_parent)
+    try:
+        client = Client((host, int(port)), bytes.fromhex(secret_hex))
+        proc = subprocess.Popen(_rank_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, start_new_session=True,
+                                preexec_fn=_term_with_parent)
+    except BaseException:
+        _remove(secret_file)
+        raise
     tail: Any = collections.deque(maxlen=rank_shim.TAIL_LINES)
     lock = threading.Lock()
     pumps = [rank_shim.Pump(os.dup(proc.stdout.fileno()), _buffer(sys.stdout),
@@ -177,6 +181,14 @@ def _run_task_rank(index: int, size: int, address: str, secret_hex: str,
         if proc.poll() is None:
             _stop(proc)
         client.close()
+        _remove(secret_file)  # the rank normally removed it already
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _buffer(stream):
@@ -208,6 +220,20 @@ def _driver_host(sc) -> str:
     if configured:
         return configured
     return sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+
+
+def service_bind_address(host: str) -> str:
+    """The address the driver's service listens on: the one its tasks reach.
+
+    The tasks connect to `host` (Spark's driver host), so listening on its
+    address alone keeps the service off every other interface. A name that
+    does not resolve here falls back to all interfaces (the HMAC still guards
+    every request).
+    """
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return ""
 
 
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
@@ -253,13 +279,15 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}.")
 
     state = _JobState(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), num_proc)
-    secret = secrets.token_bytes(32)
+    secret = new_secret()
     rank_env = dict(env or {})
     if start_timeout is not None:
         rank_env[task_env.START_TIMEOUT_ENV] = str(float(start_timeout))
     group = f"hvdkeras-spark-{uuid.uuid4().hex[:12]}"
-    with Service(secret, state.handle) as service:
-        address = f"{_driver_host(sc)}:{service.port}"
+    driver_host = _driver_host(sc)
+    with Service(secret, state.handle, host=service_bind_address(driver_host),
+                 max_connections=4 * num_proc + 16) as service:
+        address = f"{driver_host}:{service.port}"
         partition = _make_partition_fn(num_proc, address, secret.hex(), rank_env)
         finished = threading.Event()
 

@@ -28,8 +28,8 @@ from hvdkeras.engine.world import init
 from hvdkeras.runner.service import Client
 from hvdkeras.runner.task_files import error_record
 from hvdkeras.spark import connect
-from hvdkeras.spark.task_env import (ADDRESS_ENV, DEFAULT_START_TIMEOUT_S, INDEX_ENV, SECRET_ENV,
-                                     SIZE_ENV, START_TIMEOUT_ENV)
+from hvdkeras.spark.task_env import (ADDRESS_ENV, DEFAULT_START_TIMEOUT_S, INDEX_ENV,
+                                     SECRET_FILE_ENV, SIZE_ENV, START_TIMEOUT_ENV, take_secret)
 
 
 def _die_with_parent() -> None:
@@ -56,7 +56,8 @@ def main() -> int:
     _die_with_parent()
     host, _, port = os.environ[ADDRESS_ENV].rpartition(":")
     index, size = int(os.environ[INDEX_ENV]), int(os.environ[SIZE_ENV])
-    client = Client((host, int(port)), bytes.fromhex(os.environ[SECRET_ENV]))
+    secret = take_secret(os.environ.pop(SECRET_FILE_ENV))
+    client = Client((host, int(port)), secret)
     try:
         task = client.request("task")
         my_port = MPI.Open_port()
