@@ -50,6 +50,8 @@ _PUBLIC: Dict[str, str] = {
     "broadcast_model": "hvdkeras.training.model_sync",
     "save_model_atomic": "hvdkeras.training.checkpoint_writing",
     "restore_from_checkpoint": "hvdkeras.training.checkpoint_restore",
+    "restore_training_position": "hvdkeras.training.checkpoint_restore",
+    "TrainingPosition": "hvdkeras.training.checkpoint_restore",
     "fit_verbose": "hvdkeras.training.output",
     "scale_lr": "hvdkeras.training.schedules",
     # Launching.
@@ -97,7 +99,8 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras.runner.function_runner import RankFailedError, Runner, run
     from hvdkeras.runner.launch import launch
     from hvdkeras.training import schedules
-    from hvdkeras.training.checkpoint_restore import restore_from_checkpoint
+    from hvdkeras.training.checkpoint_restore import (TrainingPosition, restore_from_checkpoint,
+                                                      restore_training_position)
     from hvdkeras.training.checkpoint_writing import save_model_atomic
     from hvdkeras.training.compression import Compression
     from hvdkeras.training.gradient_tape import DistributedGradientTape

@@ -160,3 +160,25 @@ def reset_train_function(model: Any) -> None:
     new one. `fit()` calls its callbacks' `set_model` before building it.
     """
     model.train_function = None
+
+
+def layer_random_states(model: Any) -> list:
+    """The state variables of every layer's random generator, in layer order.
+
+    Dropout, GaussianNoise, the random augmentation layers and any layer
+    holding a `keras.random.SeedGenerator` keep its state in a variable that
+    `model.variables` lists but `model.save()` leaves out, so an exact resume
+    must save it separately. Keras 3.0-3.15 keeps the generators in each
+    layer's `_seed_generators` and the layers in `_flatten_layers()`; neither
+    has a public accessor. If a Keras release moves them, this returns [] and
+    warns once: a resumed run then draws new random numbers, as plain Keras does.
+    """
+    try:
+        layers = model._flatten_layers(include_self=True, recursive=True)
+        return [generator.state for layer in layers
+                for generator in getattr(layer, "_seed_generators", [])]
+    except AttributeError:  # pragma: no cover - a future Keras
+        warnings.warn("This Keras version has no Layer._flatten_layers; hvdkeras checkpoints "
+                      "leave out the layers' random-generator states, so a resumed run draws "
+                      "different random numbers (e.g. Dropout masks).", stacklevel=2)
+        return []

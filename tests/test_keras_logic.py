@@ -89,6 +89,31 @@ def test_checkpoint_names():
     assert cf.is_temporary(temporary) and temporary.endswith(".keras")
     assert cf.parse_checkpoint_name(temporary) is None
     assert cf.parse_checkpoint_name("epoch-3.keras.bak") is None
+    # Mid-epoch checkpoints: (finished epochs, steps into the next epoch).
+    assert cf.checkpoint_name(3, 40) == "epoch-00003-step-0000040.keras"
+    assert cf.checkpoint_name(3, 0) == "epoch-00003.keras"
+    assert cf.parse_checkpoint_position("epoch-00003-step-0000040.keras") == (3, 40)
+    assert cf.parse_checkpoint_position("epoch-00003.keras") == (3, 0)
+    assert cf.parse_checkpoint_name("epoch-00003-step-0000040.keras") == 3
+    assert cf.parse_checkpoint_position("epoch-00003-step-.keras") is None
+    with pytest.raises(ValueError, match="epoch and step must be >= 0"):
+        cf.checkpoint_name(1, -1)
+
+
+def test_newest_first_orders_by_position():
+    names = ["epoch-00002.keras", "epoch-00002-step-0000007.keras", "epoch-00001-step-0000020.keras",
+             "epoch-00002-step-0000014.keras"]
+    assert [n for _, n in cf.newest_first(names)] == [
+        "epoch-00002-step-0000014.keras", "epoch-00002-step-0000007.keras", "epoch-00002.keras",
+        "epoch-00001-step-0000020.keras"]
+    assert cf.files_to_prune(names, 3) == ["epoch-00001-step-0000020.keras"]
+
+
+def test_step_checkpoints_and_best_only_do_not_mix():
+    with pytest.raises(ValueError, match="every_steps saves mid-epoch checkpoints"):
+        hvd.callbacks.CheckpointCallback("ck", every_steps=10, save_best_only=True)
+    with pytest.raises(ValueError, match="every_steps must be None or an integer >= 1"):
+        hvd.callbacks.CheckpointCallback("ck", every_steps=0)
 
 
 def test_newest_first_and_pruning():

@@ -384,7 +384,8 @@ def test_defaults_are_filled_and_paths_resolved():
     assert recipe["training"]["metrics"] == ["accuracy"]
     assert recipe["data"]["input_shape"] == [64] and recipe["data"]["num_classes"] == 10
     assert recipe["checkpoint"] == {"dir": "/work/ck", "keep": 3, "best_only": False,
-                                    "monitor": "val_loss", "mode": "auto", "resume": True}
+                                    "monitor": "val_loss", "mode": "auto", "resume": True,
+                                    "every_steps": None}
     assert recipe["engine"] == {"fusion_threshold": None, "cycle_time_ms": None,
                                 "timeline": None, "autotune": None}
 

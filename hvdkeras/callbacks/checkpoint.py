@@ -1,4 +1,4 @@
-"""Rank-0 checkpoints: atomic, pruned, optionally best-only, resumable."""
+"""Rank-0 checkpoints: atomic, pruned, optionally best-only or every N steps, resumable."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hvdkeras.callbacks._prepare import prepare_model
 from hvdkeras.engine import world
 from hvdkeras.training import checkpoint_naming
 from hvdkeras.training.checkpoint_writing import save_model_atomic, write_json_atomic
+from hvdkeras.training.resume_state import resume_state
 
 
 class CheckpointCallback(keras.callbacks.Callback):
@@ -29,6 +30,13 @@ class CheckpointCallback(keras.callbacks.Callback):
     average over ranks. The best value is kept in
     `directory/checkpoint_state.json` and survives restarts.
 
+    Each checkpoint also carries what Keras leaves out of `model.save()` but
+    the next step depends on: its position (finished epochs, steps into the
+    next epoch) and the state of every layer's random generator (Dropout and
+    the like), so that `hvdkeras.restore_training_position` resumes exactly.
+    With `every_steps`, a checkpoint `epoch-E-step-S.keras` is also written
+    every `every_steps` steps within an epoch.
+
     Args:
         directory: Where checkpoints go (created on rank 0 if missing).
         keep_last: How many of the newest checkpoints to keep (None: all).
@@ -36,6 +44,12 @@ class CheckpointCallback(keras.callbacks.Callback):
         monitor: The epoch-log key compared with `save_best_only`.
         mode: "min", "max" or "auto" (max for accuracy-like names).
         verbose: 1 prints a line on rank 0 for every checkpoint written.
+        every_steps: Also save every this many steps within an epoch (None:
+            at epoch ends only). Not combinable with `save_best_only`.
+
+    Attributes:
+        batch_offset: Steps of the current epoch that ran before this `fit()`
+            (a run resumed mid-epoch); step checkpoints count from there.
 
     Example:
 
@@ -49,10 +63,19 @@ class CheckpointCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, directory: str, keep_last: Optional[int] = 3, save_best_only: bool = False,
-                 monitor: str = "val_loss", mode: str = "auto", verbose: int = 0) -> None:
+                 monitor: str = "val_loss", mode: str = "auto", verbose: int = 0,
+                 every_steps: Optional[int] = None) -> None:
         super().__init__()
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be None or an integer >= 1, got {keep_last!r}.")
+        if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
+            raise ValueError(f"every_steps must be None or an integer >= 1, got {every_steps!r}.")
+        if every_steps is not None and save_best_only:
+            raise ValueError("every_steps saves mid-epoch checkpoints for resuming, which "
+                             "save_best_only would prune by a metric; use one or the other.")
+        self.every_steps = every_steps
+        self.batch_offset = 0
+        self._epoch = 0
         self.directory = os.fspath(directory)
         self.keep_last = keep_last
         self.save_best_only = save_best_only
@@ -83,6 +106,17 @@ class CheckpointCallback(keras.callbacks.Callback):
             if state.get("monitor") == self.monitor and state.get("mode") == self.mode:
                 self.best = state.get("best")
 
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        if self.every_steps is None or world.rank() != 0:
+            return
+        step = self.batch_offset + batch + 1
+        epoch_steps = self.batch_offset + (self.params or {}).get("steps", 0)
+        if step % self.every_steps == 0 and step < epoch_steps:  # the epoch end saves the last
+            self._save(self._epoch, step)
+
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         if world.rank() != 0:
             return
@@ -98,12 +132,18 @@ class CheckpointCallback(keras.callbacks.Callback):
             if not checkpoint_naming.improved(float(value), self.best, self.mode):
                 return
             self.best = float(value)
-        path = os.path.join(self.directory, checkpoint_naming.checkpoint_name(epoch + 1))
-        save_model_atomic(self.model, path)
+        self._save(epoch + 1, 0)
         if self.save_best_only:
             write_json_atomic(self._state_path,
                               {"monitor": self.monitor, "mode": self.mode, "best": self.best})
+
+    def _save(self, epochs: int, step: int) -> None:
+        """Writes the checkpoint at `epochs` finished epochs and `step` steps of the next."""
+        path = os.path.join(self.directory, checkpoint_naming.checkpoint_name(epochs, step))
+        save_model_atomic(self.model, path, resume_state=resume_state(self.model, epochs, step))
         for name in checkpoint_naming.files_to_prune(os.listdir(self.directory), self.keep_last):
             os.remove(os.path.join(self.directory, name))
         if self.verbose:
-            print(f"hvdkeras: epoch {epoch + 1}: saved {path}", flush=True)
+            where = f"epoch {epochs}" if not step else f"epoch {epochs + 1}, step {step}"
+            print(f"hvdkeras: {where}: saved {path}", flush=True)
+

@@ -29,18 +29,23 @@ class LearningRateLogger(keras.callbacks.Callback):
 
 
 class StopAtStep(keras.callbacks.Callback):
-    """Stops after `total` batches in all (training.steps); same step on every rank."""
+    """Stops after `total` batches in all (training.steps); same step on every rank.
+
+    `batch_offset`: steps of the current epoch taken before this `fit()` (a
+    run resumed mid-epoch, Note [exact resume] in hvdkeras/training/resume_state.py).
+    """
 
     def __init__(self, total: int, steps_per_epoch: int):
         super().__init__()
         self.total, self.steps_per_epoch = total, steps_per_epoch
+        self.batch_offset = 0
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._epoch * self.steps_per_epoch + batch + 1 >= self.total:
+        if self._epoch * self.steps_per_epoch + self.batch_offset + batch + 1 >= self.total:
             self.model.stop_training = True
 
 
@@ -118,5 +123,6 @@ def make_callbacks(recipe: dict, rank: int, steps_per_epoch: int, total_batches:
     if checkpoint is not None:
         callbacks.append(CheckpointCallback(
             checkpoint["dir"], keep_last=checkpoint["keep"], save_best_only=checkpoint["best_only"],
-            monitor=checkpoint["monitor"], mode=checkpoint["mode"], verbose=0))
+            monitor=checkpoint["monitor"], mode=checkpoint["mode"], verbose=0,
+            every_steps=checkpoint["every_steps"]))
     return callbacks, throughput

@@ -148,6 +148,12 @@ TRAINING = Map({
     "verbose": Field(Union(Str(choices=("auto",)), Int(0, 2)), default="auto"),
 }, what="the training section")
 
+def _check_checkpoint(value: dict, path: Path, ctx: Context) -> None:
+    if value["every_steps"] is not None and value["best_only"]:
+        ctx.error(path + ("every_steps",), "cannot be combined with best_only (step checkpoints "
+                  "are for resuming; best_only keeps files by a metric); choose one")
+
+
 CHECKPOINT = Map({
     "dir": Field(Str(what="a directory"), required=True),
     "keep": Field(Nullable(Int(1)), default=3, help="newest checkpoints kept (null: all)"),
@@ -155,7 +161,9 @@ CHECKPOINT = Map({
     "monitor": Field(Str(what="an epoch-log key such as val_loss"), default="val_loss"),
     "mode": Field(_mode, default="auto"),
     "resume": Field(Bool(), default=True, help="continue from the newest checkpoint"),
-}, what="the checkpoint section")
+    "every_steps": Field(Nullable(Int(1, MAX_STEPS)), default=None,
+                         help="also save every N steps within an epoch; resume continues there"),
+}, what="the checkpoint section", post=_check_checkpoint)
 
 EARLY_STOPPING = Map({
     "monitor": Field(Str(what="an epoch-log key"), default="val_loss"),

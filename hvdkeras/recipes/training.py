@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import keras
 import tensorflow as tf
@@ -27,7 +27,7 @@ from hvdkeras.recipes.models import build_model
 from hvdkeras.recipes.run_callbacks import make_callbacks
 from hvdkeras.recipes.summary import format_summary
 from hvdkeras.training.checkpoint_naming import newest_first
-from hvdkeras.training.checkpoint_restore import restore_from_checkpoint
+from hvdkeras.training.checkpoint_restore import TrainingPosition, restore_training_position
 from hvdkeras.training.output import fit_verbose
 
 
@@ -54,6 +54,52 @@ def _newest_checkpoint(directory: str) -> Optional[str]:
         return None
     found = newest_first(os.listdir(directory))
     return os.path.join(directory, found[0][1]) if found else None
+
+
+def _fit_from(model, data: Data, fresh_train: Callable[[], Any], position: TrainingPosition,
+              epochs: int, steps_per_epoch: int, training: dict, callbacks: list,
+              verbose: int) -> Dict[str, list]:
+    """`model.fit` from `position` to `epochs`; returns the history's logs.
+
+    The training stream is one sequence of batches (Note [exact resume] in
+    hvdkeras/training/resume_state.py): a resumed run skips the batches the
+    checkpoint already took, and a mid-epoch position first finishes that
+    epoch with a fit of its remaining steps. The fit after that reads a
+    dataset built anew (`fresh_train`): a second iterator of the same
+    seeded shuffle would draw another order than the uninterrupted run's one
+    iterator does.
+    """
+    common = dict(validation_data=data.validation, validation_steps=training["validation_steps"],
+                  callbacks=callbacks, verbose=verbose, shuffle=False)  # the dataset shuffles
+    logs: Dict[str, list] = {}
+    epoch, step = position
+    if step:
+        for callback in callbacks:
+            if hasattr(callback, "batch_offset"):
+                callback.batch_offset = step
+        taken = epoch * steps_per_epoch + step
+        history = model.fit(data.train.skip(taken), epochs=epoch + 1, initial_epoch=epoch,
+                            steps_per_epoch=steps_per_epoch - step, **common)
+        for callback in callbacks:
+            if hasattr(callback, "batch_offset"):
+                callback.batch_offset = 0
+        _extend(logs, history)
+        epoch += 1
+        if model.stop_training:
+            return logs
+    if epoch < epochs:
+        train = data.train if step == 0 else fresh_train()
+        if epoch:
+            train = train.skip(epoch * steps_per_epoch)
+        history = model.fit(train, epochs=epochs, initial_epoch=epoch,
+                            steps_per_epoch=steps_per_epoch, **common)
+        _extend(logs, history)
+    return logs
+
+
+def _extend(logs: Dict[str, list], history) -> None:
+    for key, values in history.history.items():
+        logs.setdefault(key, []).extend(float(v) for v in values)
 
 
 def run(recipe: dict, summary_json: Optional[str] = None) -> Dict[str, Any]:
@@ -96,23 +142,21 @@ def run(recipe: dict, summary_json: Optional[str] = None) -> Dict[str, Any]:
                   metrics=[make_metric(m) for m in training["metrics"]],
                   steps_per_execution=training["steps_per_execution"])
 
-    initial_epoch = 0
+    position = TrainingPosition(0, 0)
     checkpoint = recipe["checkpoint"]
     if checkpoint is not None and checkpoint["resume"]:
-        initial_epoch = restore_from_checkpoint(model, checkpoint["dir"], verbose=1)
+        position = restore_training_position(model, checkpoint["dir"], verbose=1)
+    initial_epoch = position.epoch
 
     callbacks, throughput = make_callbacks(recipe, rank, steps_per_epoch, total_batches,
                                            batch * size)
     verbose = fit_verbose() if training["verbose"] == "auto" else (
         training["verbose"] if rank == 0 else 0)
     fit_started = time.perf_counter()
-    history = model.fit(
-        data.train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
-        validation_data=data.validation, validation_steps=training["validation_steps"],
-        callbacks=callbacks, verbose=verbose, shuffle=False)  # the dataset shuffles
+    logs = _fit_from(model, data, lambda: build_data(recipe, rank, size).train, position, epochs,
+                     steps_per_epoch, training, callbacks, verbose)
     fit_seconds = time.perf_counter() - fit_started
 
-    logs = {k: [float(v) for v in values] for k, values in history.history.items()}
     epochs_run = len(next(iter(logs.values()), []))
     final = {k: values[-1] for k, values in logs.items() if values}
     if not epochs_run and data.validation is not None:

@@ -2,8 +2,11 @@
 
 A checkpoint directory holds `epoch-00003.keras` style files, one per saved
 epoch (the number is the count of finished epochs, i.e. the `initial_epoch`
-to resume with), written under a temporary name starting with `.tmp-` and
-renamed when complete. Anything else in the directory is ignored.
+to resume with), and, with step checkpoints, `epoch-00003-step-0000040.keras`
+(3 finished epochs and 40 steps of the fourth). A file's *position* is
+(finished epochs, steps into the next epoch); newer means a later position.
+Files are written under a temporary name starting with `.tmp-` and renamed
+when complete. Anything else in the directory is ignored.
 
 What may import this module: anything (standard library only).
 """
@@ -16,20 +19,33 @@ from typing import Iterable, List, Optional, Tuple
 
 TEMPORARY_PREFIX = ".tmp-"
 STATE_FILE = "checkpoint_state.json"
-_NAME = re.compile(r"^epoch-(\d+)\.keras$")
+# The entry hvdkeras adds to each `.keras` archive: what decides the next step
+# besides the weights and the optimizer (position, layers' random states).
+# Written by checkpoint_writing.save_model_atomic, read by checkpoint_restore.
+RESUME_ENTRY = "hvdkeras_resume.json"
+_NAME = re.compile(r"^epoch-(\d+)(?:-step-(\d+))?\.keras$")
 
 
-def checkpoint_name(epoch: int) -> str:
-    """File name of the checkpoint taken after `epoch` finished epochs."""
-    if epoch < 0:
-        raise ValueError(f"epoch must be >= 0, got {epoch}.")
-    return f"epoch-{epoch:05d}.keras"
+def checkpoint_name(epoch: int, step: int = 0) -> str:
+    """File name of the checkpoint taken after `epoch` finished epochs and
+    `step` steps of the next one."""
+    if epoch < 0 or step < 0:
+        raise ValueError(f"epoch and step must be >= 0, got {epoch} and {step}.")
+    return f"epoch-{epoch:05d}-step-{step:07d}.keras" if step else f"epoch-{epoch:05d}.keras"
+
+
+def parse_checkpoint_position(name: str) -> Optional[Tuple[int, int]]:
+    """(finished epochs, steps into the next epoch) of a checkpoint file name, or None."""
+    match = _NAME.match(name)
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2) or 0)
 
 
 def parse_checkpoint_name(name: str) -> Optional[int]:
-    """The epoch count in a checkpoint file name, or None for other files."""
-    match = _NAME.match(name)
-    return int(match.group(1)) if match else None
+    """The finished-epoch count in a checkpoint file name, or None for other files."""
+    position = parse_checkpoint_position(name)
+    return position[0] if position else None
 
 
 def temporary_name(final_name: str, token: str) -> str:
@@ -47,9 +63,11 @@ def is_temporary(name: str) -> bool:
 
 
 def newest_first(names: Iterable[str]) -> List[Tuple[int, str]]:
-    """(epoch, name) of the checkpoint files among `names`, newest first."""
-    found = [(parse_checkpoint_name(n), n) for n in names]
-    return sorted(((e, n) for e, n in found if e is not None), reverse=True)
+    """(finished epochs, name) of the checkpoint files among `names`, newest
+    (latest position) first."""
+    found = [(parse_checkpoint_position(n), n) for n in names]
+    return [(position[0], n) for position, n in sorted(
+        ((p, n) for p, n in found if p is not None), reverse=True)]
 
 
 def files_to_prune(names: Iterable[str], keep_last: Optional[int]) -> List[str]:

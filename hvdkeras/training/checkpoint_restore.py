@@ -6,17 +6,27 @@ code.
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from hvdkeras.collectives.broadcasting import broadcast
 from hvdkeras.engine import world
-from hvdkeras.training.checkpoint_naming import newest_first
+from hvdkeras.training.checkpoint_naming import (RESUME_ENTRY, newest_first,
+                                                 parse_checkpoint_position)
 from hvdkeras.training.model_sync import broadcast_model, build_optimizer
+from hvdkeras.training.resume_state import apply_random_states
+
+
+class TrainingPosition(NamedTuple):
+    """Where a resumed run continues: finished epochs, and steps of the next epoch."""
+
+    epoch: int
+    step: int
 
 
 def is_complete_archive(path: str) -> bool:
@@ -30,45 +40,43 @@ def is_complete_archive(path: str) -> bool:
         return False
 
 
-def _load_newest(model: Any, directory: str) -> Tuple[int, Optional[str]]:
-    """On the root: loads the newest complete checkpoint. (epoch, path or None)."""
+def _read_resume_state(path: str) -> Optional[dict]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if RESUME_ENTRY not in archive.namelist():
+                return None  # written before checkpoints carried it
+            return json.loads(archive.read(RESUME_ENTRY))
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def _load_newest(model: Any, directory: str) -> Tuple[TrainingPosition, Optional[str]]:
+    """On the root: loads the newest complete checkpoint. (position, path or None)."""
     if not os.path.isdir(directory):
-        return 0, None
-    for epoch, name in newest_first(os.listdir(directory)):
+        return TrainingPosition(0, 0), None
+    for _, name in newest_first(os.listdir(directory)):
         path = os.path.join(directory, name)
         if not is_complete_archive(path):
             print(f"hvdkeras: skipping incomplete checkpoint {path}.", flush=True)
             continue
         model.load_weights(path)
-        return epoch, path
-    return 0, None
+        state = _read_resume_state(path)
+        if state is not None and not apply_random_states(model, state):
+            print(f"hvdkeras: {path} holds random-generator states for another model; the "
+                  "layers keep fresh ones, so random draws differ from an uninterrupted run.",
+                  flush=True)
+        return TrainingPosition(*parse_checkpoint_position(name)), path
+    return TrainingPosition(0, 0), None
 
 
 def restore_from_checkpoint(model: Any, directory: str, root_rank: int = 0,
                             verbose: int = 1) -> int:
-    """Resumes training: loads the newest checkpoint and syncs every rank.
+    """Resumes training at an epoch start; see `restore_training_position`.
 
-    The root rank loads the newest complete checkpoint of `directory` (as
-    written by `hvdkeras.callbacks.CheckpointCallback`) into `model`: weights
-    and optimizer state (slots, iteration count, learning rate). Then every
-    rank receives the root's state, so all continue from identical weights
-    and optimizer state, even without a shared filesystem. Without a
-    checkpoint the root's current state is broadcast and 0 returned. Call it
-    on every rank, after `compile()`.
-
-    Args:
-        model: The compiled, built model (same architecture as saved).
-        directory: The checkpoint directory (read on the root rank only).
-        root_rank: The rank that reads the file.
-        verbose: 1 prints which checkpoint was loaded (on rank 0).
-
-    Returns:
-        The number of finished epochs in the checkpoint: pass it to
-        `fit(initial_epoch=...)`.
-
-    Raises:
-        RuntimeError: on every rank, if the root could not load the newest
-            complete checkpoint (the root also shows the cause).
+    Returns the finished epochs of the newest checkpoint, for
+    `fit(initial_epoch=...)`. A mid-epoch checkpoint (written with
+    `CheckpointCallback(every_steps=...)`) counts as its finished epochs:
+    use `restore_training_position` to continue at its step instead.
 
     Example:
 
@@ -78,32 +86,73 @@ def restore_from_checkpoint(model: Any, directory: str, root_rank: int = 0,
         *hvd.callbacks.standard_callbacks(checkpoint_dir="checkpoints")])
     ```
     """
+    return restore_training_position(model, directory, root_rank, verbose).epoch
+
+
+def restore_training_position(model: Any, directory: str, root_rank: int = 0,
+                              verbose: int = 1) -> TrainingPosition:
+    """Resumes training: loads the newest checkpoint and syncs every rank.
+
+    The root rank loads the newest complete checkpoint of `directory` (as
+    written by `hvdkeras.callbacks.CheckpointCallback`) into `model`: weights
+    and optimizer state (slots, iteration count, learning rate). Then every
+    rank receives the root's state, so all continue from identical weights
+    and optimizer state, even without a shared filesystem. Without a
+    checkpoint the root's current state is broadcast and (0, 0) returned.
+    The layers' random-generator states saved with the checkpoint are
+    restored too (see Note [exact resume] in resume_state.py). Call it on
+    every rank, after `compile()`.
+
+    Args:
+        model: The compiled, built model (same architecture as saved).
+        directory: The checkpoint directory (read on the root rank only).
+        root_rank: The rank that reads the file.
+        verbose: 1 prints which checkpoint was loaded (on rank 0).
+
+    Returns:
+        A `TrainingPosition(epoch, step)`: the finished epochs (pass them to
+        `fit(initial_epoch=...)`) and the steps of the next epoch the
+        checkpoint already includes (0 at an epoch end).
+
+    Raises:
+        RuntimeError: on every rank, if the root could not load the newest
+            complete checkpoint (the root also shows the cause).
+
+    Example:
+
+    ```python
+    epoch, step = hvd.restore_training_position(model, "checkpoints")
+    ```
+    """
     if not getattr(model, "built", False) or getattr(model, "optimizer", None) is None:
         raise ValueError(
             "restore_from_checkpoint needs a built, compiled model: create it with a "
             "keras.Input (or call model.build()), then model.compile(...), then restore."
         )
     build_optimizer(model)
-    epoch, path, failure = 0, None, None
+    position, path, failure = TrainingPosition(0, 0), None, None
     if world.rank() == root_rank:
         try:
-            epoch, path = _load_newest(model, directory)
+            position, path = _load_newest(model, directory)
         except Exception as error:  # reported on every rank below
             failure = error
-    status = np.array([epoch, 0 if failure is None else 1], dtype=np.int64)
+    status = np.array([position.epoch, position.step, 0 if failure is None else 1],
+                      dtype=np.int64)
     status = broadcast(tf.constant(status), root_rank=root_rank,
                        name="hvdkeras_restore_status").numpy()
-    if status[1]:
+    if status[2]:
         message = (f"Rank {root_rank} could not load the newest checkpoint in {directory!r}; "
                    "fix or remove that file (older ones are kept) and restart.")
         if failure is not None:
             raise RuntimeError(f"{message} Cause: {failure}") from failure
         raise RuntimeError(message)
     broadcast_model(model, root_rank=root_rank)
-    epoch = int(status[0])
+    position = TrainingPosition(int(status[0]), int(status[1]))
     if verbose and world.rank() == root_rank:
         if path is not None:
-            print(f"hvdkeras: resumed from {path}: continuing at epoch {epoch + 1}.", flush=True)
+            at = f" step {position.step + 1}" if position.step else ""
+            print(f"hvdkeras: resumed from {path}: continuing at epoch {position.epoch + 1}{at}.",
+                  flush=True)
         else:
             print(f"hvdkeras: no checkpoint in {directory!r}: starting at epoch 1.", flush=True)
-    return epoch
+    return position

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import zipfile
+from typing import Any, Optional
 
-from hvdkeras.training.checkpoint_naming import temporary_name
+from hvdkeras.training.checkpoint_naming import RESUME_ENTRY, temporary_name
 
 
 def _fsync_directory(directory: str) -> None:
@@ -34,7 +35,7 @@ def _publish(temporary: str, path: str) -> None:
     _fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
-def save_model_atomic(model: Any, path: str) -> None:
+def save_model_atomic(model: Any, path: str, resume_state: Optional[dict] = None) -> None:
     """`model.save(path)` that never leaves a partial file at `path`.
 
     The model is written to a temporary file in the same directory (same
@@ -44,11 +45,17 @@ def save_model_atomic(model: Any, path: str) -> None:
     Args:
         model: The Keras model to save (with its optimizer state).
         path: The final `.keras` path.
+        resume_state: Added to the archive as `RESUME_ENTRY` (JSON) before
+            the rename, so the file and its state appear together. Keras
+            ignores the entry when it loads the file.
     """
     directory, name = os.path.split(os.path.abspath(path))
     temporary = os.path.join(directory, temporary_name(name, str(os.getpid())))
     try:
         model.save(temporary)
+        if resume_state is not None:
+            with zipfile.ZipFile(temporary, "a") as archive:
+                archive.writestr(RESUME_ENTRY, json.dumps(resume_state))
         _publish(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
