@@ -165,6 +165,10 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="restart the job this many times after a failure (it resumes "
                              "from the newest checkpoint when the recipe has one)")
+    parser.add_argument("--min-np", type=int, default=None,
+                        help="elastic: after a failure, continue on as few as this many ranks "
+                             "(the failed ranks' slots are left out)")
+    parser.add_argument("--max-np", type=int, default=None, help="elastic: at most this many ranks")
     parser.add_argument("--summary-json", default=None,
                         help="also write the final summary (metrics, time, checkpoints) here")
 
@@ -190,20 +194,28 @@ def _train(args: argparse.Namespace) -> int:
         print(f"hvdkeras: error: --max-restarts must be >= 0, got {args.max_restarts}",
               file=sys.stderr)
         return 2
-    loaded = _load_recipe_or_report(args.recipe, args.overrides, world_size=args.np)
+    loaded = _load_recipe_or_report(args.recipe, args.overrides,
+                                    world_size=max(args.np, args.max_np or 0))
     if loaded is None:
         return 2
     recipe, path = loaded
     env = launching.engine_env(recipe)
     summary_json = os.path.abspath(args.summary_json) if args.summary_json else None
-    if args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts:
+    elastic = args.min_np is not None or args.max_np is not None
+    if args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts \
+            and not elastic:
         from hvdkeras.recipes.run import train  # lazy: imports TensorFlow
 
         os.environ.update(env)
         return train(recipe, summary_json)
     command = launching.rank_command(os.path.abspath(path), args.overrides, summary_json)
-    return launching.launch_ranks(command, np=args.np, hosts=args.hosts, hostfile=args.hostfile,
-                        env=env, max_restarts=args.max_restarts)
+    try:
+        return launching.launch_ranks(command, np=args.np, hosts=args.hosts, hostfile=args.hostfile,
+                                      env=env, max_restarts=args.max_restarts, min_np=args.min_np,
+                                      max_np=args.max_np)
+    except ValueError as error:
+        print(f"hvdkeras: error: {error}", file=sys.stderr)
+        return 2
 
 
 def _configure_validate(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -417,27 +418,78 @@ def _raw_connection(port):
     return sock, greeting[len(service.MAGIC):]
 
 
+def _signed_header(secret, nonce, length, seq=0):
+    header = service._HEADER.pack(length)
+    return header + service._mac(secret, b"H", b"C", nonce, seq, header)
+
+
+def _frame(secret, nonce, body, seq=0):
+    return (_signed_header(secret, nonce, len(body), seq) + body
+            + service._mac(secret, b"B", b"C", nonce, seq, body))
+
+
+def _dropped(sock):
+    """The server closed the connection without sending anything back."""
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.close()
+
+
 def test_service_rejects_tampering_and_replay(echo_service):
     svc, secret, calls = echo_service
     body = pickle.dumps({"kind": "put_result", "rank": 0})
-    # Tampered: valid HMAC for one body, another body sent.
+    # Tampered: a signed header, the body's HMAC made for another body.
     sock, nonce = _raw_connection(svc.port)
-    mac = service._mac(secret, b"C", nonce, 0, body)
     evil = pickle.dumps({"kind": "put_result", "rank": 1})
-    sock.sendall(service._HEADER.pack(len(evil)) + mac + evil)
-    assert sock.recv(1) == b""  # dropped without an answer
-    sock.close()
+    sock.sendall(_signed_header(secret, nonce, len(evil)) + evil
+                 + service._mac(secret, b"B", b"C", nonce, 0, body))
+    assert _dropped(sock)
     # Replayed: a frame recorded on one connection, sent on another (other nonce).
     sock, nonce = _raw_connection(svc.port)
-    frame = service._HEADER.pack(len(body)) + service._mac(secret, b"C", nonce, 0, body) + body
+    frame = _frame(secret, nonce, body)
     sock.sendall(frame)
     service.recv_frame(sock, secret, b"S", nonce, 0)  # the genuine request is answered
     sock.close()
     sock, _other_nonce = _raw_connection(svc.port)
     sock.sendall(frame)
-    assert sock.recv(1) == b""
-    sock.close()
+    assert _dropped(sock)
     assert len(calls) == 1 and svc.rejected == 2
+
+
+def test_service_reads_no_body_without_the_secret(echo_service):
+    """A peer without the secret costs the 36-byte header, whatever length it claims."""
+    svc, secret, calls = echo_service
+    sock, _ = _raw_connection(svc.port)
+    sock.sendall(service._HEADER.pack((1 << 31) - 1) + os.urandom(32))  # unsigned, 2 GiB claimed
+    started = time.monotonic()
+    assert _dropped(sock) and time.monotonic() - started < 5  # not waiting for the body
+    sock, nonce = _raw_connection(svc.port)
+    sock.sendall(_signed_header(secret, nonce, service.MAX_MESSAGE_BYTES + 1))  # signed, too long
+    assert _dropped(sock)
+    assert svc.rejected == 2 and calls == []
+    with service.Client(("127.0.0.1", svc.port), secret) as client:
+        assert client.request("after") == {"kind": "after"}
+
+
+def test_service_limits_its_connections():
+    secret = service.new_secret()
+    with service.Service(secret, lambda kind, fields: kind, host="127.0.0.1",
+                         max_connections=4) as svc:
+        admitted = [_raw_connection(svc.port)[0] for _ in range(4)]  # greeted
+        extra = [socket.create_connection(("127.0.0.1", svc.port), timeout=10) for _ in range(6)]
+        assert all(_dropped(sock) for sock in extra)
+        assert svc.refused == 6
+        for sock in admitted:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while svc._active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with service.Client(("127.0.0.1", svc.port), secret) as client:
+            assert client.request("served") == "served"
 
 
 def test_service_needs_a_real_secret():
@@ -447,7 +499,7 @@ def test_service_needs_a_real_secret():
 
 def test_service_keeps_idle_clients_but_not_idle_strangers(echo_service, monkeypatch):
     svc, secret, calls = echo_service
-    monkeypatch.setattr(service, "IO_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(service, "FIRST_REQUEST_S", 0.3)
     with service.Client(("127.0.0.1", svc.port), secret) as client:
         assert client.request("first") == {"kind": "first"}
         threading.Event().wait(1.0)  # a rank training for a while between requests

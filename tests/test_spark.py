@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import sys
 import time
 
 import pytest
 
-from hvdkeras.runner import service as service_module
 from hvdkeras.runner.service import Client, Service, ServiceError, new_secret
 
 JOB_TIMEOUT = 240
@@ -134,91 +132,7 @@ def test_driver_service_rejects_a_wrong_hmac():
         assert state.ports == {1: "tag#0$..."}
 
 
-# --- the service under hostile clients (no Spark needed) ----------------------
-
-def _raw(address):
-    sock = socket.create_connection(address, timeout=10)
-    greeting = b""
-    while len(greeting) < len(service_module.MAGIC) + service_module.NONCE_BYTES:
-        chunk = sock.recv(64)
-        if not chunk:
-            break
-        greeting += chunk
-    return sock, greeting[len(service_module.MAGIC):]
-
-
-def _closed_without_answer(sock):
-    """The server dropped the connection (EOF) without sending anything back."""
-    sock.settimeout(10)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    finally:
-        sock.close()
-
-
-def _echo(kind, fields):
-    return fields.get("x")
-
-
-def test_service_reads_no_body_without_the_secret():
-    """Unsigned, oversized, wrongly signed and replayed requests are dropped, reading
-    at most the 36-byte header of a peer without the secret."""
-    secret = new_secret()
-    frame = service_module._HEADER
-    with Service(secret, _echo, host="127.0.0.1") as service:
-        address = service.address
-        # Unsigned: claims 2 GiB - 1 and sends nothing more; the service must not wait for it.
-        sock, _ = _raw(address)
-        sock.sendall(frame.pack((1 << 31) - 1) + os.urandom(32))
-        started = time.monotonic()
-        assert _closed_without_answer(sock) and time.monotonic() - started < 5
-        # Signed header, but a length over the cap.
-        sock, nonce = _raw(address)
-        header = frame.pack(service_module.MAX_MESSAGE_BYTES + 1)
-        sock.sendall(header + service_module._mac(secret, b"H", b"C", nonce, 0, header))
-        assert _closed_without_answer(sock)
-        # Signed header, wrongly signed body.
-        sock, nonce = _raw(address)
-        body = pickle.dumps({"kind": "echo", "x": 1})
-        header = frame.pack(len(body))
-        sock.sendall(header + service_module._mac(secret, b"H", b"C", nonce, 0, header) + body
-                     + os.urandom(32))
-        assert _closed_without_answer(sock)
-        # Replayed: a genuine frame from one connection sent on another.
-        sock_a, nonce_a = _raw(address)
-        body = pickle.dumps({"kind": "echo", "x": "replayed"})
-        header = frame.pack(len(body))
-        genuine = (header + service_module._mac(secret, b"H", b"C", nonce_a, 0, header) + body
-                   + service_module._mac(secret, b"B", b"C", nonce_a, 0, body))
-        sock_b, _ = _raw(address)
-        sock_b.sendall(genuine)
-        assert _closed_without_answer(sock_b)
-        sock_a.close()
-        assert service.rejected == 4 and service.served == 0
-        with Client(address, secret) as client:
-            assert client.request("echo", x=42) == 42
-
-
-def test_service_limits_its_connections():
-    secret = new_secret()
-    with Service(secret, _echo, host="127.0.0.1", max_connections=4) as service:
-        flood = [_raw(service.address)[0] for _ in range(4)]  # greeted: admitted
-        extra = []
-        for _ in range(6):
-            sock = socket.create_connection(service.address, timeout=10)
-            extra.append(sock)
-        assert all(_closed_without_answer(sock) for sock in extra)
-        assert service.refused == 6
-        for sock in flood:
-            sock.close()
-        deadline = time.monotonic() + 10
-        while service._active and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with Client(service.address, secret) as client:
-            assert client.request("echo", x="served") == "served"
-
+# --- where the driver's service listens (no Spark needed) ----------------------
 
 def test_driver_service_listens_on_the_driver_address_only():
     from hvdkeras.spark.runner import service_bind_address
@@ -226,5 +140,6 @@ def test_driver_service_listens_on_the_driver_address_only():
     assert service_bind_address("127.0.0.1") == "127.0.0.1"
     assert service_bind_address("localhost") == "127.0.0.1"
     assert service_bind_address("no-such-host.invalid") == ""
-    with Service(new_secret(), _echo, host=service_bind_address("localhost")) as service:
+    with Service(new_secret(), lambda kind, fields: None,
+                 host=service_bind_address("localhost")) as service:
         assert service.address[0] == "127.0.0.1"

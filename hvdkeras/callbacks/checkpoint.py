@@ -109,12 +109,14 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._epoch = epoch
 
+    def _epoch_steps(self) -> int:
+        return self.batch_offset + ((self.params or {}).get("steps") or 0)
+
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         if self.every_steps is None or world.rank() != 0:
             return
         step = self.batch_offset + batch + 1
-        epoch_steps = self.batch_offset + (self.params or {}).get("steps", 0)
-        if step % self.every_steps == 0 and step < epoch_steps:  # the epoch end saves the last
+        if step % self.every_steps == 0 and step < self._epoch_steps():  # the epoch end saves the last
             self._save(self._epoch, step)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -140,7 +142,8 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _save(self, epochs: int, step: int) -> None:
         """Writes the checkpoint at `epochs` finished epochs and `step` steps of the next."""
         path = os.path.join(self.directory, checkpoint_naming.checkpoint_name(epochs, step))
-        save_model_atomic(self.model, path, resume_state=resume_state(self.model, epochs, step))
+        state = resume_state(self.model, epochs, step, world.size(), self._epoch_steps())
+        save_model_atomic(self.model, path, resume_state=state)
         for name in checkpoint_naming.files_to_prune(os.listdir(self.directory), self.keep_last):
             os.remove(os.path.join(self.directory, name))
         if self.verbose:

@@ -43,7 +43,8 @@ def engine_env(recipe: dict) -> Dict[str, str]:
 
 def launch_ranks(command: List[str], np: int, hosts: Optional[str] = None,
                  hostfile: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-                 max_restarts: int = 0) -> int:
-    """Runs `command` on `np` ranks; returns the job's exit code."""
+                 max_restarts: int = 0, min_np: Optional[int] = None,
+                 max_np: Optional[int] = None) -> int:
+    """Runs `command` on `np` ranks (elastically with `min_np`/`max_np`); returns the exit code."""
     return launch(command, np=np, hosts=hosts, hostfile=hostfile, env=env,
-                  max_restarts=max_restarts)
+                  max_restarts=max_restarts, min_np=min_np, max_np=max_np)

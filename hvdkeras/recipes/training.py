@@ -28,6 +28,7 @@ from hvdkeras.recipes.run_callbacks import make_callbacks
 from hvdkeras.recipes.summary import format_summary
 from hvdkeras.training.checkpoint_naming import newest_first
 from hvdkeras.training.checkpoint_restore import TrainingPosition, restore_training_position
+from hvdkeras.training.lr_variable import set_learning_rate
 from hvdkeras.training.output import fit_verbose
 
 
@@ -72,7 +73,7 @@ def _fit_from(model, data: Data, fresh_train: Callable[[], Any], position: Train
     common = dict(validation_data=data.validation, validation_steps=training["validation_steps"],
                   callbacks=callbacks, verbose=verbose, shuffle=False)  # the dataset shuffles
     logs: Dict[str, list] = {}
-    epoch, step = position
+    epoch, step = position.epoch, position.step
     if step:
         for callback in callbacks:
             if hasattr(callback, "batch_offset"):
@@ -95,6 +96,28 @@ def _fit_from(model, data: Data, fresh_train: Callable[[], Any], position: Train
                             steps_per_epoch=steps_per_epoch, **common)
         _extend(logs, history)
     return logs
+
+
+def _on_this_world(position: TrainingPosition, size: int, steps_per_epoch: int,
+                   announce: bool) -> TrainingPosition:
+    """`position` for this run's world size (an elastic restart may change it).
+
+    The learning rate and the shards already follow `size`; a mid-epoch step
+    is carried over as the same fraction of the epoch (the data is sharded
+    anew, so such a resume is not exact, unlike one on the same world size).
+    """
+    if not position.world_size or position.world_size == size:
+        return position
+    step = position.step
+    if step and position.steps_per_epoch and position.steps_per_epoch != steps_per_epoch:
+        step = min(steps_per_epoch - 1, step * steps_per_epoch // position.steps_per_epoch)
+    if announce:
+        moved = f"; step {position.step} of {position.steps_per_epoch} becomes step {step} of " \
+                f"{steps_per_epoch}" if step != position.step else ""
+        print(f"hvdkeras: the checkpoint was written by {position.world_size} rank(s), this run "
+              f"has {size}: the learning rate and the data shards follow {size} rank(s){moved}.",
+              flush=True)
+    return position._replace(step=step, world_size=size, steps_per_epoch=steps_per_epoch)
 
 
 def _extend(logs: Dict[str, list], history) -> None:
@@ -146,6 +169,11 @@ def run(recipe: dict, summary_json: Optional[str] = None) -> Dict[str, Any]:
     checkpoint = recipe["checkpoint"]
     if checkpoint is not None and checkpoint["resume"]:
         position = restore_training_position(model, checkpoint["dir"], verbose=1)
+        resized = position.world_size and position.world_size != size
+        position = _on_this_world(position, size, steps_per_epoch, rank == 0)
+        if resized and isinstance(learning_rate, (int, float)):
+            # The checkpoint's optimizer holds the rate scaled for its world size.
+            set_learning_rate(optimizer, learning_rate)
     initial_epoch = position.epoch
 
     callbacks, throughput = make_callbacks(recipe, rank, steps_per_epoch, total_batches,

@@ -46,7 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("job control")
     o.add_argument("--output-dir", "--output-filename", dest="output_dir",
                    help="also write rank.<r>.log per rank and launcher.log here")
-    o.add_argument("--max-restarts", type=int, default=0, help="relaunch the job up to K times after a failure")
+    o.add_argument("--max-restarts", type=int, default=0,
+                   help="relaunch the job up to K times after a failure (elastic jobs: default 3)")
+    e = p.add_argument_group("elastic restarts (after a failure, relaunch on the ranks available)")
+    e.add_argument("--min-np", type=int, help="fewest ranks to continue on (default: -np)")
+    e.add_argument("--max-np", type=int, help="most ranks to run on (default: -np)")
+    e.add_argument("--host-discovery-script",
+                   help="executable printing the available 'host:slots', one per line")
     o.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
     o.add_argument("--mpi-args", default="", help="extra arguments for mpiexec, e.g. '-launcher slurm'")
     o.add_argument("--check-build", action="store_true", help="print what `hvdkeras check` prints and exit")
@@ -82,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"mpiexec {mpiexec} ({mpi_env.VENDOR_NAMES[vendor]}) for libmpi {library.path}")
         return launch(command, args.np, hosts=args.hosts, hostfile=args.hostfile, env=env,
                       output_dir=args.output_dir, max_restarts=args.max_restarts,
-                      prefix_output=not args.no_prefix)
+                      prefix_output=not args.no_prefix, min_np=args.min_np, max_np=args.max_np,
+                      host_discovery_script=args.host_discovery_script)
     except (ValueError, mpi_env.LauncherError) as exc:
         print(f"hvdkerasrun: error: {exc}", file=sys.stderr)
         return 2

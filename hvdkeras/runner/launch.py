@@ -12,7 +12,9 @@ What it adds on top of plain ``mpiexec``:
 * fail fast: when a rank exits non-zero or dies, the others are ended and the
   launcher returns within 30 s, naming the rank, its exit code or signal and
   its last lines;
-* ``--max-restarts K``: relaunch the whole job after a failure (with backoff).
+* ``--max-restarts K``: relaunch the whole job after a failure (with backoff);
+  ``--min-np/--max-np`` (and ``--host-discovery-script``) relaunch it on the
+  ranks that are available then (`elastic`).
 
 Each rank runs ``python rank_shim.py ... -- COMMAND`` (see `rank_shim`); one
 attempt is supervised in `attempt`, failures are named in `failures`, and
@@ -24,6 +26,7 @@ recipes' launching code and the top-level package (standard library only).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -35,10 +38,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hvdkeras.engine.config import EXPECTED_SIZE as EXPECTED_SIZE_ENV
+from hvdkeras.runner import elastic as elastic_world
 from hvdkeras.runner import mpi_env
 from hvdkeras.runner.hosts import (HostSlots, hydra_machinefile, openmpi_hostfile, parse_hostfile,
                                    parse_hosts, total_slots)
-from hvdkeras.runner.restart import ATTEMPT_ENV, JobResult, RestartPolicy, run_attempts
+from hvdkeras.runner.restart import (ATTEMPT_ENV, ElasticState, JobResult, RestartPolicy,
+                                     run_attempts)
 
 BACKOFF_ENV = "HVDKERAS_RESTART_BACKOFF_SECONDS"
 
@@ -113,7 +118,8 @@ def resolve_mpiexec(command: Sequence[str]) -> tuple[str, str, mpi_env.MpiLibrar
 
 def launch(command: list[str], np: int, hosts: str | None = None, hostfile: str | None = None,
            env: dict[str, str] | None = None, output_dir: str | None = None,
-           max_restarts: int = 0, prefix_output: bool = True) -> int:
+           max_restarts: int = 0, prefix_output: bool = True, min_np: Optional[int] = None,
+           max_np: Optional[int] = None, host_discovery_script: Optional[str] = None) -> int:
     """Runs `command` on `np` ranks through the mpiexec of the MPI that mpi4py loads.
 
     Args:
@@ -129,6 +135,20 @@ def launch(command: list[str], np: int, hosts: str | None = None, hostfile: str 
             times (backoff 1 s, 2 s, 4 s, ... up to 30 s). Each rank sees the
             attempt number in ``HVDKERAS_ATTEMPT`` (1-based).
         prefix_output: Prefix each line with ``[rank]<stdout>: `` / ``<stderr>: ``.
+        min_np, max_np: Make the job elastic: after a failure it is relaunched
+            on the ranks available then, at least `min_np` and at most
+            `max_np` (default: `np` for both). Without a discovery script,
+            the slots of ranks that failed are left out. `max_restarts`
+            defaults to 3 for elastic jobs.
+        host_discovery_script: An executable printing the available hosts,
+            ``host:slots`` per line; run before the first attempt (when no
+            hosts are given) and before every relaunch.
+
+    Example:
+
+    ```python
+    code = hvdkeras.launch(["python", "train.py"], np=3, min_np=2)
+    ```
 
     Returns:
         0 on success, else the failing rank's exit code (128 + N for signal
@@ -141,13 +161,38 @@ def launch(command: list[str], np: int, hosts: str | None = None, hostfile: str 
             mpi4py loads.
     """
     return launch_job(command, np, hosts=hosts, hostfile=hostfile, env=env, output_dir=output_dir,
-                      max_restarts=max_restarts, prefix_output=prefix_output).exit_code
+                      max_restarts=max_restarts, prefix_output=prefix_output, min_np=min_np,
+                      max_np=max_np, host_discovery_script=host_discovery_script).exit_code
+
+
+def _elastic_start(np: int, host_list: Optional[list[HostSlots]], max_restarts: int,
+                   min_np: Optional[int], max_np: Optional[int], script: Optional[str]):
+    """(hosts, np, max_restarts, ElasticState or None) for the first attempt."""
+    if min_np is None and max_np is None and not script:
+        return host_list, np, max_restarts, None
+    settings = elastic_world.Elastic(np if min_np is None else min_np,
+                                     np if max_np is None else max_np, script)
+    if not settings.min_np <= np <= settings.max_np:
+        raise ValueError(f"-np {np} must lie between --min-np {settings.min_np} and --max-np "
+                         f"{settings.max_np}.")
+    if script and host_list is None:
+        discovered = elastic_world.discover(script)
+        host_list = elastic_world.fit_world(discovered, dataclasses.replace(settings, max_np=np))
+        if host_list is None:
+            raise ValueError(f"the host-discovery script reports {total_slots(discovered)} "
+                             f"slot(s), fewer than --min-np {settings.min_np}.")
+        np = total_slots(host_list)
+    state = ElasticState(settings, list(host_list) if host_list is not None
+                         else [HostSlots("localhost", np)], local=host_list is None)
+    return host_list, np, max_restarts or elastic_world.DEFAULT_ELASTIC_RESTARTS, state
 
 
 def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: str | None = None,
                env: dict[str, str] | None = None, output_dir: str | None = None,
                max_restarts: int = 0, prefix_output: bool = True,
-               timeout: float | None = None) -> JobResult:
+               timeout: float | None = None, min_np: Optional[int] = None,
+               max_np: Optional[int] = None,
+               host_discovery_script: Optional[str] = None) -> JobResult:
     """`launch` returning a `JobResult` (exit code, attempts, the failing rank's record).
 
     `timeout` (seconds, all attempts together) ends every rank and returns
@@ -158,6 +203,8 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
     deadline = time.monotonic() + timeout if timeout is not None else None
     command = list(command) if isinstance(command, (list, tuple)) else command
     host_list = _check_arguments(command, np, hosts, hostfile, env, max_restarts)
+    host_list, np, max_restarts, elastic = _elastic_start(np, host_list, max_restarts, min_np,
+                                                          max_np, host_discovery_script)
     mpiexec, vendor, _library = resolve_mpiexec(command)
     backoff = float((env or {}).get(BACKOFF_ENV) or os.environ.get(BACKOFF_ENV) or 1)
     policy = RestartPolicy(max_restarts=max_restarts, backoff_s=backoff)
@@ -187,6 +234,6 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
             extra_args=tuple(shlex.split(os.environ.get(mpi_env.MPIEXEC_ARGS_ENV, ""))),
         )
         return run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
-                            prefix_output, deadline)
+                            prefix_output, deadline, elastic)
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -17,9 +17,13 @@ import threading
 import time
 from typing import Optional
 
+from hvdkeras.engine.config import EXPECTED_SIZE
+from hvdkeras.engine.failfast import is_casualty
+from hvdkeras.runner import elastic as elastic_world
 from hvdkeras.runner import mpi_env
 from hvdkeras.runner.attempt import SHIM, Attempt
 from hvdkeras.runner.failures import failure_report, first_failure
+from hvdkeras.runner.hosts import hosts_argument, total_slots
 
 ATTEMPT_ENV = "HVDKERAS_ATTEMPT"  # 1-based attempt number, seen by every rank
 
@@ -99,13 +103,63 @@ class RestartPolicy:
         return min(self.backoff_s * (2 ** max(attempt - 1, 0)), self.max_backoff_s)
 
 
+@dataclasses.dataclass
+class ElasticState:
+    """An elastic job's settings and the hosts its last attempt ran on.
+
+    `local` jobs (no -H or hostfile) run on this machine; `hosts` then holds
+    one entry for it, with the current number of ranks as its slots.
+    """
+
+    settings: elastic_world.Elastic
+    hosts: list
+    local: bool
+
+
+def _failed_hosts(records: list, lost: list) -> list:
+    """The host of every rank that failed on its own (not a casualty), or else of
+    the supervisor killed first (mpiexec kills the others' supervisors after it)."""
+    if records:
+        own = [r for r in records if not is_casualty("\n".join(r.get("last_lines") or []))]
+        return [str(r.get("host") or "") for r in (own or records[:1])]
+    first = sorted(lost, key=lambda m: m.get("time", 0.0))[:1]
+    return [str(m.get("host") or "") for m in first]
+
+
+def _resize(plan, state: ElasticState, records: list, lost: list, log_file):
+    """The next attempt's plan, or None when fewer than --min-np ranks are left."""
+    if state.settings.discovery_script:
+        available = elastic_world.discover(state.settings.discovery_script)
+        why = f"the host-discovery script reports {total_slots(available)} slot(s)"
+    else:
+        failed = _failed_hosts(records, lost)
+        available = elastic_world.without_failed(state.hosts, failed)
+        why = f"the slot(s) of {len(failed)} failed rank(s) left out"
+    chosen = elastic_world.fit_world(available, state.settings)
+    if chosen is None:
+        log(f"only {total_slots(available)} slot(s) available ({why}), fewer than --min-np "
+            f"{state.settings.min_np}: not restarting", log_file)
+        return None
+    np = total_slots(chosen)
+    if np != plan.np:
+        where = "" if state.local else f" on {hosts_argument(chosen)}"
+        log(f"resizing the job from {plan.np} to {np} rank(s){where} ({why}); the ranks see "
+            f"hvd.size() == {np}", log_file)
+    state.hosts = chosen
+    if state.local:
+        return dataclasses.replace(plan, np=np)
+    return dataclasses.replace(plan, np=np, hosts=chosen, hostfile=None)
+
+
 def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
-                 prefix_output, deadline=None) -> JobResult:
+                 prefix_output, deadline=None,
+                 elastic: Optional[ElasticState] = None) -> JobResult:
     """Runs the job until an attempt succeeds or `policy` gives up.
 
     Each attempt gets its own status directory under `job_dir`; SIGTERM and
     SIGHUP to the launcher (main thread only) end the attempt's ranks and
-    the loop (exit code 130).
+    the loop (exit code 130). With `elastic`, each relaunch runs on the
+    ranks that are available then (see hvdkeras/runner/elastic.py).
     """
     previous = {}
     interrupted = []
@@ -129,6 +183,7 @@ def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
             cmd = mpi_env.mpiexec_command(plan, program + ["--", *command])
             env = dict(rank_env)
             env[ATTEMPT_ENV] = str(attempt)
+            env[EXPECTED_SIZE] = str(plan.np)
             log(f"attempt {attempt} of {policy.max_attempts}: {plan.np} rank(s) of "
                  f"{shlex.join(command)} via {plan.mpiexec}", log_file)
             started = time.monotonic()
@@ -159,6 +214,16 @@ def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
                     log(f"giving up after {attempt} attempt(s); exit code {exit_code}", log_file)
                 first = first_failure(records, lambda r: "\n".join(r.get("last_lines") or []))
                 return JobResult(exit_code, attempt, first[0] if first else None, message)
+            if elastic is not None:
+                try:
+                    resized = _resize(plan, elastic, records, supervisor.lost, log_file)
+                except ValueError as exc:  # the discovery script failed
+                    log(f"cannot restart: {exc}", log_file)
+                    resized = None
+                if resized is None:
+                    first = first_failure(records, lambda r: "\n".join(r.get("last_lines") or []))
+                    return JobResult(exit_code, attempt, first[0] if first else None, message)
+                plan = resized
             wait = policy.backoff(attempt)
             log(f"restarting the job in {wait:g} s (attempt {attempt + 1} of {policy.max_attempts})",
                  log_file)

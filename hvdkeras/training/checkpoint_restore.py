@@ -23,10 +23,17 @@ from hvdkeras.training.resume_state import apply_random_states
 
 
 class TrainingPosition(NamedTuple):
-    """Where a resumed run continues: finished epochs, and steps of the next epoch."""
+    """Where a resumed run continues: finished epochs, and steps of the next epoch.
+
+    `world_size` and `steps_per_epoch` describe the run that saved the
+    checkpoint (0 when unknown: no checkpoint, or one from an older hvdkeras);
+    an elastic restart may resume on another world size.
+    """
 
     epoch: int
     step: int
+    world_size: int = 0
+    steps_per_epoch: int = 0
 
 
 def is_complete_archive(path: str) -> bool:
@@ -65,7 +72,10 @@ def _load_newest(model: Any, directory: str) -> Tuple[TrainingPosition, Optional
             print(f"hvdkeras: {path} holds random-generator states for another model; the "
                   "layers keep fresh ones, so random draws differ from an uninterrupted run.",
                   flush=True)
-        return TrainingPosition(*parse_checkpoint_position(name)), path
+        epoch, step = parse_checkpoint_position(name)
+        state = state or {}
+        return TrainingPosition(epoch, step, int(state.get("world_size") or 0),
+                                int(state.get("steps_per_epoch") or 0)), path
     return TrainingPosition(0, 0), None
 
 
@@ -121,7 +131,8 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
     Example:
 
     ```python
-    epoch, step = hvd.restore_training_position(model, "checkpoints")
+    position = hvd.restore_training_position(model, "checkpoints")
+    print(position.epoch, position.step)
     ```
     """
     if not getattr(model, "built", False) or getattr(model, "optimizer", None) is None:
@@ -136,18 +147,17 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
             position, path = _load_newest(model, directory)
         except Exception as error:  # reported on every rank below
             failure = error
-    status = np.array([position.epoch, position.step, 0 if failure is None else 1],
-                      dtype=np.int64)
+    status = np.array([*position, 0 if failure is None else 1], dtype=np.int64)
     status = broadcast(tf.constant(status), root_rank=root_rank,
                        name="hvdkeras_restore_status").numpy()
-    if status[2]:
+    if status[4]:
         message = (f"Rank {root_rank} could not load the newest checkpoint in {directory!r}; "
                    "fix or remove that file (older ones are kept) and restart.")
         if failure is not None:
             raise RuntimeError(f"{message} Cause: {failure}") from failure
         raise RuntimeError(message)
     broadcast_model(model, root_rank=root_rank)
-    position = TrainingPosition(int(status[0]), int(status[1]))
+    position = TrainingPosition(*(int(v) for v in status[:4]))
     if verbose and world.rank() == root_rank:
         if path is not None:
             at = f" step {position.step + 1}" if position.step else ""

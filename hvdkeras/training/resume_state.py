@@ -34,15 +34,20 @@ import numpy as np
 from hvdkeras import compat
 
 
-def resume_state(model: Any, epochs: int, step: int) -> dict:
+def resume_state(model: Any, epochs: int, step: int, world_size: int = 0,
+                 steps_per_epoch: int = 0) -> dict:
     """The checkpoint's position and random states, as plain JSON values.
 
     Args:
         model: The model being saved.
         epochs: Finished epochs at the checkpoint.
         step: Steps of the next epoch already taken.
+        world_size: Ranks of the run that saved it (an elastic restart may
+            resume on another number).
+        steps_per_epoch: That run's steps per epoch (0: unknown).
     """
-    return {"epochs": epochs, "step": step,
+    return {"epochs": epochs, "step": step, "world_size": world_size,
+            "steps_per_epoch": steps_per_epoch,
             "random_states": [[int(x) for x in v.numpy().ravel()]
                               for v in compat.layer_random_states(model)]}
 
