@@ -87,6 +87,28 @@ def test_exception_on_rank_one_surfaces_with_its_traceback():
     assert "_fail_on_rank_one" in error.remote_traceback
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
+def test_a_failing_rank_ends_the_job_while_another_computes():
+    """The failing rank aborts instead of waiting in MPI_Finalize for rank 0's 200 s."""
+    def train():
+        import time as clock
+
+        import hvdkeras as hvd
+
+        hvd.init()
+        if hvd.rank() == 1:
+            _fail_on_rank_one(hvd.rank())
+        clock.sleep(200)  # outside any collective
+        return "unreachable"
+
+    started = time.time()
+    with pytest.raises(RankFailedError) as info:
+        hvdkeras.Runner(np=2, timeout=JOB_TIMEOUT).run(train)
+    assert time.time() - started < 60  # start-up and TensorFlow import on 2 ranks, then at once
+    assert info.value.rank == 1 and "bad shard on rank 1" in str(info.value)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="callable"):
         hvdkeras.run("not a function")

@@ -4,8 +4,10 @@ Loads ``TASK_DIR/task.pkl`` (cloudpickled ``fn, args, kwargs, return_all``),
 calls ``fn(*args, **kwargs)`` and writes, atomically, either
 ``result.<rank>.pkl`` (rank 0 always, the others when all results were
 asked for) or ``error.<rank>.pkl`` (the exception when it pickles, its type
-name, message and formatted traceback). A failing rank exits 1 so that
-mpiexec ends the job at once.
+name, message and formatted traceback). A failing rank then ends the whole
+job with MPI_Abort (Note [abort, not finalize] in hvdkeras/engine/failfast.py):
+exiting normally would wait in MPI_Finalize for ranks that may still be
+computing.
 
 What may import this module: nothing; ranks run it with ``-m`` (importing it
 initializes MPI).
@@ -21,6 +23,7 @@ import traceback
 import cloudpickle
 from mpi4py import MPI
 
+from hvdkeras.engine import failfast
 from hvdkeras.engine.config import EXPECTED_SIZE
 from hvdkeras.runner.task_files import TASK_FILE, error_path, error_record, result_path, write_atomic
 
@@ -50,6 +53,8 @@ def main(task_dir: str) -> int:
         finally:
             sys.stderr.write(formatted)
             sys.stderr.flush()
+        if failfast.enabled(size):
+            MPI.COMM_WORLD.Abort(1)
         return 1
 
 
