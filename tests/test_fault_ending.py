@@ -14,7 +14,6 @@ The pure parts (the switch, exit codes, records, the report) are tested first.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -28,7 +27,7 @@ import pytest
 
 from hvdkeras.engine import config, failfast
 from hvdkeras.runner import failures, rank_shim, restart
-from mpi_runner import _child_env, _kill_group, describe
+from mpi_runner import _child_env, _kill_group
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

@@ -14,7 +14,8 @@ The modules, from the YAML up:
   small declarative validator), `schema`, `schema_data`, `schema_optimizer`
   (the fields), `validation` (a whole recipe, with defaults) and `paths`:
   pure Python, no TensorFlow.
-* `resolve`: checks against the installed Keras and files, before launch.
+* `resolve`: checks against the installed Keras and files, before launch
+  (`resolve_keras` and its cached `keras_catalog`, `data_checks`).
 * `launching`: the ranks' command and engine variables, and the launch.
 * On each rank: `run` (entry point) -> `training` (the run), with `data`
   and `data_files` (input pipelines), `models`, `keras_objects`
@@ -22,7 +23,8 @@ The modules, from the YAML up:
   `run_callbacks` and `summary`.
 
 What may import it: the CLI and the top-level package. Importing it imports
-no TensorFlow; `load_recipe(environment=True)` imports Keras for `resolve`.
+no TensorFlow; `load_recipe(environment=True)` imports Keras only to make
+the catalogue of Keras names, or for names the catalogue does not hold.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def load_recipe(path: str, overrides: Sequence[str] = (), environment: bool = Tr
         raise RecipeError([Issue(error.location, (), error.message)]) from None
     recipe, issues = validate(doc, recipe_path=path, cwd=cwd)
     if not issues and environment:
-        from hvdkeras.recipes.resolve import resolve  # lazy: imports Keras, see above
+        from hvdkeras.recipes.resolve import resolve  # lazy: may import Keras, see above
 
         issues = resolve(recipe, doc, world_size)
     if issues:

@@ -19,6 +19,9 @@ import keras
 
 from hvdkeras.recipes.user_code import accepted_parameters, import_function
 
+# The model builders of this module that recipes name as "hvdkeras.recipes.models:NAME".
+BUILDERS = ("digits_cnn", "mlp")
+
 
 def digits_cnn(input_shape: Sequence[int] = (8, 8, 1), num_classes: int = 10,
                filters: int = 32, dense: int = 128, dropout: float = 0.25):

@@ -2,35 +2,34 @@
 
 `hvdkeras.recipes.validation` checks the recipe's shape without importing anything heavy;
 these checks look names up in Keras (models, optimizers and their arguments,
-losses, metrics), import `module:function` targets, find the data files, and
-check optional packages (tensorboard, tensorflow-io). Problems come back as
+losses, metrics: `resolve_keras`, or the cached `keras_catalog` of them),
+import `module:function` targets, open the data files at their head and tail
+(`data_checks`), check that output folders can be made, and check optional
+packages (tensorboard, tensorflow-io). Problems come back as
 `Issue`s with the same file:line locations, so `hvdkeras train` can refuse a
 recipe (exit code 2) before it launches anything. No MPI, no TensorFlow ops.
 
-What may import this module: `hvdkeras.recipes.load_recipe`, lazily (it
-imports Keras, which schema-only validation does without).
+What may import this module: `hvdkeras.recipes.load_recipe`, lazily. It
+imports Keras only when the catalogue of Keras names (`keras_catalog`)
+cannot vouch for the recipe's names (`resolve_keras` then checks them).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import inspect
 import os
 import sys
 import zlib
-from typing import Any, Callable, Iterable, List, Optional
-
-import keras
+from typing import List, Optional
 
 from hvdkeras.engine.config import engine_config_from_env
-from hvdkeras.recipes import data_checks, data_files, keras_objects
+from hvdkeras.recipes import data_checks, data_files, keras_catalog
 from hvdkeras.recipes.launching import engine_env
-from hvdkeras.recipes.models import application_names
 from hvdkeras.recipes.schema_data import FILE_SOURCES, TF_IO_MESSAGE, data_source_kind
-from hvdkeras.recipes.spec import Context, Issue, did_you_mean
-from hvdkeras.recipes.user_code import accepted_parameters, import_function
-from hvdkeras.recipes.yaml_source import Document, Path
+from hvdkeras.recipes.spec import Context, Issue
+from hvdkeras.recipes.user_code import import_target
+from hvdkeras.recipes.yaml_source import Document
 from hvdkeras.training.checkpoint_naming import newest_first
 
 # tensorflow-io release -> the TensorFlow versions its ops load on.
@@ -77,109 +76,11 @@ def tensorboard_problem() -> Optional[str]:
     return None
 
 
-def _import_target(target: str, path: Path, out: Context, what: str) -> Optional[Callable]:
-    try:
-        return import_function(target)
-    except ModuleNotFoundError as error:
-        out.error(path, f"cannot import module {error.name!r} for {what} {target!r}"
-                        f" (is it installed or on PYTHONPATH?)")
-    except AttributeError:
-        module = target.partition(":")[0]
-        names = [n for n in dir(sys.modules.get(module)) if not n.startswith("_")]
-        out.error(path, f"module {module!r} has no function {target.partition(':')[2]!r}"
-                        f"{did_you_mean(target.partition(':')[2], names)}")
-    except TypeError as error:
-        out.error(path, str(error))
-    except Exception as error:  # the module raised while importing
-        out.error(path, f"importing {target!r} failed: {type(error).__name__}: {error}")
-    return None
-
-
-def _parameters_of(function: Callable) -> Optional[set]:
-    """Keyword names accepted by a function or class (through **kwargs to bases)."""
-    if not isinstance(function, type):
-        return accepted_parameters(function)
-    names: set = set()
-    for cls in function.__mro__:
-        init = cls.__dict__.get("__init__")
-        if init is None:
-            continue
-        accepted = accepted_parameters(init)
-        if accepted is not None:
-            return names | (accepted - {"self"})
-        try:
-            parameters = inspect.signature(init).parameters.values()
-        except (TypeError, ValueError):
-            return None
-        names |= {p.name for p in parameters if p.kind in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)} - {"self"}
-    return names or None
-
-
-def _check_args(function: Callable, args: dict, path: Path, out: Context, what: str,
-                reserved: Iterable[str] = ()) -> None:
-    accepted = _parameters_of(function)
-    if accepted is None:
-        return
-    accepted -= set(reserved)
-    for key in args:
-        if key not in accepted:
-            out.error(path + (key,), f"{what} takes no argument {key!r}"
-                                     f"{did_you_mean(key, accepted)}; it takes: "
-                                     f"{', '.join(sorted(accepted))}")
-
-
-def _check_model(recipe: dict, out: Context) -> None:
-    name = recipe["model"]["name"]
-    if ":" in name:
-        function = _import_target(name, ("model", "name"), out, "model.name")
-    else:
-        names = application_names()
-        if name not in names:
-            matches = [n for n in names if n.lower() == name.lower()]
-            hint = f" (did you mean {matches[0]!r}?)" if matches else did_you_mean(name, names)
-            out.error(("model", "name"), f"{name!r} is not a keras.applications model{hint}; "
-                                         "use one of them (ResNet50, MobileNetV2, EfficientNetB0, "
-                                         "...) or a 'module:function'")
-            return
-        function = getattr(keras.applications, name)
-    if function is not None:
-        _check_args(function, recipe["model"]["args"], ("model", "args"), out, name)
-
-
-def _check_optimizer(recipe: dict, out: Context) -> None:
-    opt = recipe["optimizer"]
-    classes = keras_objects.optimizer_classes()
-    cls = classes.get(opt["name"].lower())
-    if cls is None:
-        names = sorted(c.__name__ for c in classes.values())
-        out.error(("optimizer", "name"), f"{opt['name']!r} is not a Keras optimizer"
-                                         f"{did_you_mean(opt['name'], names)}; use one of "
-                                         f"{', '.join(names)}")
-        return
-    _check_args(cls, opt["args"], ("optimizer", "args"), out, cls.__name__,
-                reserved=("learning_rate",))
-
-
-def _check_named(spec: Any, path: Path, out: Context, kind: str) -> None:
-    make = keras_objects.make_loss if kind == "loss" else keras_objects.make_metric
-    names = keras_objects.loss_names() if kind == "loss" else keras_objects.metric_names()
-    name = spec if isinstance(spec, str) else spec["name"]
-    where = path if isinstance(spec, str) else path + ("name",)
-    try:
-        make(spec)
-    except TypeError as error:
-        out.error(path + ("args",), f"bad arguments for {kind} {name!r}: {error}")
-    except Exception:
-        out.error(where, f"{name!r} is not a Keras {kind}{did_you_mean(name, names)}; see "
-                         f"keras.{'losses' if kind == 'loss' else 'metrics'} for the names")
-
-
 def _check_data(recipe: dict, out: Context, world_size: Optional[int]) -> None:
     data = recipe["data"]
     kind = data_source_kind(data["source"])
     if kind == "function":
-        _import_target(data["source"], ("data", "source"), out, "data.source")
+        import_target(data["source"], ("data", "source"), out, "data.source")
         return
     if kind == "bundled":
         _check_shards(data, data_files.DIGITS_EXAMPLES, out, world_size)
@@ -292,11 +193,10 @@ def resolve(recipe: dict, doc: Document, world_size: Optional[int] = None) -> Li
     per-rank batch fits every rank's shard.
     """
     out = Context(doc)
-    _check_model(recipe, out)
-    _check_optimizer(recipe, out)
-    _check_named(recipe["training"]["loss"], ("training", "loss"), out, "loss")
-    for index, metric in enumerate(recipe["training"]["metrics"]):
-        _check_named(metric, ("training", "metrics", index), out, "metric")
+    if not keras_catalog.vouches_for(recipe, keras_catalog.current()):
+        from hvdkeras.recipes.resolve_keras import check_names  # lazy: imports Keras
+
+        check_names(recipe, out)
     _check_data(recipe, out, world_size)
     _check_outputs(recipe, out)
     _check_engine(recipe, out)
