@@ -3,6 +3,9 @@ a 2-rank recipe with Dropout and shuffling on is SIGKILLed at a random step,
 started again, resumes from its newest checkpoint (mid-epoch ones included)
 and ends with the same weights and optimizer state, bit for bit, as an
 uninterrupted run of the same recipe.
+
+Two seeds (each a different kill step) run by default; the long variant,
+`HVDKERAS_RESUME_SEEDS=N`, runs N (each seed costs about 15 s here).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ TIMEOUT = 300
 STEPS_PER_EPOCH = 25  # 1797 digits, 10% held out, over 2 ranks, batch 32
 EPOCHS = 3
 EVERY_STEPS = 7
+SEEDS = [11, 29] + random.Random(0).sample(range(100, 10_000),
+                                           max(0, int(os.environ.get("HVDKERAS_RESUME_SEEDS", "2")) - 2))
 
 RECIPE = """\
 version: 1
@@ -67,7 +72,7 @@ def _arrays(path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(4 * TIMEOUT)
-@pytest.mark.parametrize("seed", [11, 29])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_run_killed_at_a_random_step_resumes_exactly(tmp_path, seed):
     kill_step = random.Random(seed).randrange(EVERY_STEPS + 1, EPOCHS * STEPS_PER_EPOCH - 2)
     recipes = {}

@@ -5,6 +5,7 @@
 * a rank that hangs inside a Keras callback ends the job once the stall
   shutdown fails the collective the other rank waits in (Note [hang bound]),
   naming the collective and the missing rank;
+* a SIGKILLed rank ends the job, named, with nothing left;
 * SIGKILL to `hvdkerasrun` itself leaves no process behind (checked by a
   marker in the environment of everything it started);
 * SIGKILL to a rank's supervisor (the shim) is reported with its rank.
@@ -209,6 +210,21 @@ def test_a_killed_launcher_leaves_no_process(marker):
     left = _marked(marker)
     proc.communicate(timeout=30)
     assert gone, f"still running {took:.1f} s after the launcher was killed: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_a_killed_rank_ends_the_job_and_leaves_no_process(marker):
+    proc = _start(["-np", 2, sys.executable, FAULTS, "wait"], marker)
+    lines = []
+    ready = _read_until(proc, r"READY (\d+) (\d+) ", lines)
+    os.kill(int(ready["1"].group(2)), signal.SIGKILL)
+    killed_at = time.time()
+    output = _finish(proc, lines)
+    assert time.time() - killed_at < ENDS_WITHIN_S, output
+    assert proc.returncode == 128 + signal.SIGKILL, output
+    assert re.search(r"failed after .*: rank 1 on \S+ was killed by signal SIGKILL", output), output
+    assert _wait_gone(marker, 5.0), _marked(marker)
 
 
 @pytest.mark.slow
