@@ -33,6 +33,10 @@ _PUBLIC: Dict[str, str] = {
         ("init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
          "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
          "start_timeline", "stop_timeline", "engine_config"), "hvdkeras.engine.world"),
+    # What it was built with, under Horovod's names.
+    **dict.fromkeys(
+        ("mpi_built", "mpi_enabled", "nccl_built", "cuda_built", "gloo_built", "gloo_enabled",
+         "ccl_built", "rocm_built", "ddl_built", "mlsl_built"), "hvdkeras.engine.capabilities"),
     # GPUs.
     "pin_gpu": "hvdkeras.gpu.pin",
     # Reductions.
@@ -41,7 +45,8 @@ _PUBLIC: Dict[str, str] = {
     **dict.fromkeys(
         ("allreduce", "grouped_allreduce", "broadcast", "broadcast_variables", "allgather",
          "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "barrier",
-         "join", "allgather_object", "broadcast_object"), "hvdkeras.collectives"),
+         "join", "allgather_object", "broadcast_object", "size_op", "rank_op", "local_size_op",
+         "local_rank_op", "cross_size_op", "cross_rank_op"), "hvdkeras.collectives"),
     # Keras training.
     "DistributedOptimizer": "hvdkeras.training.optimizer",
     "is_distributed": "hvdkeras.training.optimizer",
@@ -86,8 +91,13 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras import callbacks, recipes, runner
     from hvdkeras.collectives import (allgather, allgather_object, allreduce, alltoall, barrier,
                                       broadcast, broadcast_object, broadcast_variables,
-                                      grouped_allgather, grouped_allreduce,
-                                      grouped_reducescatter, join, reducescatter)
+                                      cross_rank_op, cross_size_op, grouped_allgather,
+                                      grouped_allreduce, grouped_reducescatter, join,
+                                      local_rank_op, local_size_op, rank_op, reducescatter,
+                                      size_op)
+    from hvdkeras.engine.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built,
+                                              gloo_enabled, mlsl_built, mpi_built, mpi_enabled,
+                                              nccl_built, rocm_built)
     from hvdkeras.engine.types import Average, Max, Min, Product, Sum
     from hvdkeras.engine.world import (cross_rank, cross_size, engine_config, init,
                                        is_homogeneous, is_initialized, local_rank, local_size,

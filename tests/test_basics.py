@@ -108,3 +108,24 @@ def test_raw_op_before_init_fails_with_a_clear_error():
     assert out["kind"] == "FailedPreconditionError", out
     assert ("hvdkeras has not been initialized: call hvdkeras.init() before running "
             "collective 'early'.") in out["message"]
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_horovod_knob_names_reach_the_engine_and_ours_win():
+    """HOROVOD_* knobs work as aliases; where both are set ours wins and init says so once."""
+    source = textwrap.dedent("""
+        import json
+        import hvdkeras as hvd
+        hvd.init()
+        config = hvd.engine_config()
+        print("RESULT " + json.dumps({"cycle": config.cycle_time_ms,
+                                      "cache": config.cache_capacity}))
+    """)
+    result = run_python(["-c", source], timeout=TIMEOUT_S,
+                        env={"HOROVOD_CYCLE_TIME": "4.5", "HOROVOD_CACHE_CAPACITY": "9",
+                             "HVDKERAS_CACHE_CAPACITY": "17"})
+    assert result.returncode == 0, describe(result)
+    line = next(l for l in result.stdout.splitlines() if l.startswith("RESULT "))
+    assert json.loads(line[len("RESULT "):]) == {"cycle": 4.5, "cache": 17}
+    assert result.stdout.count(
+        "hvdkeras: HOROVOD_CACHE_CAPACITY='9' is ignored: HVDKERAS_CACHE_CAPACITY='17' is set") == 1

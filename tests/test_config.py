@@ -312,3 +312,36 @@ def test_infinite_cycle_time_rejected(raw):
     with pytest.raises(ValueError) as excinfo:
         engine_config_from_env({CYCLE: raw})
     _assert_names_variable_and_value(excinfo, CYCLE, raw)
+
+
+# --- Horovod's names for the knobs ---------------------------------------------
+
+def test_horovod_names_are_read_when_ours_are_unset():
+    cfg = engine_config_from_env({
+        "HOROVOD_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "3.5",
+        "HOROVOD_CACHE_CAPACITY": "7", "HOROVOD_STALL_CHECK_TIME_SECONDS": "11",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "22", "HOROVOD_TIMELINE": "/tmp/t.json",
+        "HOROVOD_TIMELINE_MARK_CYCLES": "1", "HOROVOD_AUTOTUNE": "1",
+        "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv"})
+    assert (cfg.fusion_threshold, cfg.cycle_time_ms, cfg.cache_capacity) == (1048576, 3.5, 7)
+    assert (cfg.stall_check_seconds, cfg.stall_shutdown_seconds) == (11.0, 22.0)
+    assert (cfg.timeline_path, cfg.timeline_mark_cycles) == ("/tmp/t.json", True)
+    assert (cfg.autotune, cfg.autotune_log) == (True, "/tmp/a.csv")
+    assert cfg.fusion_threshold_fixed and cfg.cycle_time_fixed
+    assert engine_config_from_env({"HOROVOD_STALL_CHECK_DISABLE": "1"}).stall_check_seconds == 0.0
+    # Every engine knob with a Horovod name maps to one of ours.
+    assert set(config.HOROVOD_ALIASES.values()) <= {
+        FUSION, CYCLE, CACHE, STALL_CHECK, config.STALL_CHECK_DISABLE, STALL_SHUTDOWN,
+        config.TIMELINE, config.TIMELINE_MARK_CYCLES, config.AUTOTUNE, config.AUTOTUNE_LOG}
+
+
+def test_ours_win_over_horovods_and_say_so():
+    env = {"HOROVOD_CYCLE_TIME": "5", CYCLE: "2", "HOROVOD_FUSION_THRESHOLD": "8", FUSION: "8"}
+    assert engine_config_from_env(env).cycle_time_ms == 2.0
+    assert config.ignored_horovod_aliases(env) == [
+        "HOROVOD_CYCLE_TIME='5' is ignored: HVDKERAS_CYCLE_TIME='2' is set"]
+
+
+def test_a_bad_horovod_value_is_named_as_set():
+    with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME='x' is not a number"):
+        engine_config_from_env({"HOROVOD_CYCLE_TIME": "x"})

@@ -35,6 +35,23 @@ EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"
 # See Note [abort, not finalize] in hvdkeras/engine/failfast.py.
 ABORT_ON_ERROR = "HVDKERAS_ABORT_ON_ERROR"
 
+# Horovod's names for the same knobs, in the same units: a Horovod user's
+# environment (HorovodRunner's documented HOROVOD_TIMELINE among them) keeps
+# working. Where both names are set, ours wins and init() says so on rank 0.
+HOROVOD_ALIASES = {
+    "HOROVOD_FUSION_THRESHOLD": FUSION_THRESHOLD,
+    "HOROVOD_CYCLE_TIME": CYCLE_TIME,
+    "HOROVOD_CACHE_CAPACITY": CACHE_CAPACITY,
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": STALL_CHECK_SECONDS,
+    "HOROVOD_STALL_CHECK_DISABLE": STALL_CHECK_DISABLE,
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": STALL_SHUTDOWN_SECONDS,
+    "HOROVOD_TIMELINE": TIMELINE,
+    "HOROVOD_TIMELINE_MARK_CYCLES": TIMELINE_MARK_CYCLES,
+    "HOROVOD_AUTOTUNE": AUTOTUNE,
+    "HOROVOD_AUTOTUNE_LOG": AUTOTUNE_LOG,
+}
+_ALIAS_OF = {ours: theirs for theirs, ours in HOROVOD_ALIASES.items()}
+
 # Upper bounds: what the engine can represent, with room to spare.
 MAX_FUSION_THRESHOLD = 1 << 40  # 1 TiB
 MAX_CACHE_CAPACITY = 1 << 20
@@ -148,6 +165,23 @@ def parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
     raise ValueError(f"{key}={env[key]!r} is not a boolean; use 1 or 0.")
 
 
+def source_of(env: Mapping[str, str], key: str) -> str:
+    """The variable a knob is read from: ours (`key`) when set, else Horovod's alias
+    when that is set, else `key`. Pure."""
+    if env.get(key, "").strip():
+        return key
+    alias = _ALIAS_OF.get(key)
+    return alias if alias and env.get(alias, "").strip() else key
+
+
+def ignored_horovod_aliases(env: Mapping[str, str]) -> list:
+    """One line for each Horovod variable that is set but loses to ours. Pure."""
+    return [f"{theirs}={env[theirs].strip()!r} is ignored: {ours}={env[ours].strip()!r} is set"
+            for theirs, ours in HOROVOD_ALIASES.items()
+            if env.get(theirs, "").strip() and env.get(ours, "").strip()
+            and env[theirs].strip() != env[ours].strip()]
+
+
 def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineConfig:
     """Reads the engine knobs from `env` (default: `os.environ`).
 
@@ -167,26 +201,31 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
     """
     env = os.environ if env is None else env
     defaults = EngineConfig()
-    stall_check_seconds = _parse_seconds(env, STALL_CHECK_SECONDS, defaults.stall_check_seconds)
-    stall_check_disabled = parse_bool(env, STALL_CHECK_DISABLE)
+
+    def key(name: str) -> str:  # ours, or Horovod's name for it (HOROVOD_ALIASES)
+        return source_of(env, name)
+
+    stall_check_seconds = _parse_seconds(env, key(STALL_CHECK_SECONDS),
+                                         defaults.stall_check_seconds)
+    stall_check_disabled = parse_bool(env, key(STALL_CHECK_DISABLE))
     return EngineConfig(
-        fusion_threshold=_parse_int(env, FUSION_THRESHOLD, defaults.fusion_threshold, 0,
+        fusion_threshold=_parse_int(env, key(FUSION_THRESHOLD), defaults.fusion_threshold, 0,
                                     MAX_FUSION_THRESHOLD),
-        cycle_time_ms=_parse_float(env, CYCLE_TIME, defaults.cycle_time_ms, 0.0,
+        cycle_time_ms=_parse_float(env, key(CYCLE_TIME), defaults.cycle_time_ms, 0.0,
                                    MAX_CYCLE_TIME_MS),
-        cache_capacity=_parse_int(env, CACHE_CAPACITY, defaults.cache_capacity, 0,
+        cache_capacity=_parse_int(env, key(CACHE_CAPACITY), defaults.cache_capacity, 0,
                                   MAX_CACHE_CAPACITY),
         stall_check_seconds=(0.0 if stall_check_disabled else stall_check_seconds),
-        stall_shutdown_seconds=_parse_seconds(env, STALL_SHUTDOWN_SECONDS,
+        stall_shutdown_seconds=_parse_seconds(env, key(STALL_SHUTDOWN_SECONDS),
                                               defaults.stall_shutdown_seconds),
-        timeline_path=env.get(TIMELINE, "").strip(),
-        timeline_mark_cycles=parse_bool(env, TIMELINE_MARK_CYCLES),
-        autotune=parse_bool(env, AUTOTUNE),
-        autotune_log=env.get(AUTOTUNE_LOG, "").strip(),
+        timeline_path=env.get(key(TIMELINE), "").strip(),
+        timeline_mark_cycles=parse_bool(env, key(TIMELINE_MARK_CYCLES)),
+        autotune=parse_bool(env, key(AUTOTUNE)),
+        autotune_log=env.get(key(AUTOTUNE_LOG), "").strip(),
         allreduce_chunk_bytes=_parse_int(env, ALLREDUCE_CHUNK_BYTES,
                                          defaults.allreduce_chunk_bytes, 0,
                                          MAX_FUSION_THRESHOLD),
         shm_allreduce=parse_bool(env, SHM_ALLREDUCE, default=True),
-        fusion_threshold_fixed=bool(env.get(FUSION_THRESHOLD, "").strip()),
-        cycle_time_fixed=bool(env.get(CYCLE_TIME, "").strip()),
+        fusion_threshold_fixed=bool(env.get(key(FUSION_THRESHOLD), "").strip()),
+        cycle_time_fixed=bool(env.get(key(CYCLE_TIME), "").strip()),
     )

@@ -14,7 +14,8 @@ import sys
 from typing import Any, Optional
 
 from hvdkeras.engine import c_api, failfast, library, tf_threads
-from hvdkeras.engine.config import EXPECTED_SIZE, EngineConfig, engine_config_from_env
+from hvdkeras.engine.config import (EXPECTED_SIZE, EngineConfig, engine_config_from_env,
+                                    ignored_horovod_aliases)
 
 # The MPI standard's thread levels; mpi4py.MPI.THREAD_* hold the same values.
 _THREAD_LEVEL_NAMES = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
@@ -154,6 +155,9 @@ def init(comm: Any = None) -> None:
         # MPI_COMM_WORLD, not the engine's duplicate: every process of the job ends.
         failfast.install(MPI.COMM_WORLD.Abort, _world.rank, _world.size)
     _announce_gpu_part(lib, _world.rank == 0)
+    if _world.rank == 0:
+        for line in ignored_horovod_aliases(os.environ):
+            print(f"hvdkeras: {line}", file=sys.stderr, flush=True)
 
 
 _gpu_announced = False
