@@ -53,6 +53,7 @@ _PUBLIC: Dict[str, str] = {
     "DistributedGradientTape": "hvdkeras.training.gradient_tape",
     "Compression": "hvdkeras.training.compression",
     "broadcast_model": "hvdkeras.training.model_sync",
+    "SyncBatchNormalization": "hvdkeras.training.sync_batch_norm",
     "save_model_atomic": "hvdkeras.training.checkpoint_writing",
     "restore_from_checkpoint": "hvdkeras.training.checkpoint_restore",
     "restore_training_position": "hvdkeras.training.checkpoint_restore",
@@ -115,6 +116,7 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras.training.compression import Compression
     from hvdkeras.training.gradient_tape import DistributedGradientTape
     from hvdkeras.training.model_sync import broadcast_model
+    from hvdkeras.training.sync_batch_norm import SyncBatchNormalization
     from hvdkeras.training.optimizer import DistributedOptimizer, is_distributed
     from hvdkeras.training.output import fit_verbose
     from hvdkeras.training.schedules import scale_lr
