@@ -13,6 +13,7 @@ and ``hvdkeras validate --schema-only`` start in a fraction of a second.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import platform
 import sys
@@ -26,6 +27,7 @@ import hvdkeras
 from hvdkeras.engine import build, toolchain
 from hvdkeras.engine.world import thread_level_name
 from hvdkeras.gpu.report import gpu_rows
+from hvdkeras.migrate import migrate
 from hvdkeras.recipes import RecipeError, bundled_recipes, find_recipe, load_recipe
 from hvdkeras.recipes import launching
 from hvdkeras.recipes.yaml_source import SourceError, load_file
@@ -244,6 +246,43 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _configure_recipes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", help="print this bundled recipe")
+
+
+def _configure_migrate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("script", help="a Horovod + Keras 2 training script")
+    parser.add_argument("-o", "--output", help="write the rewritten script here (default: stdout)")
+    parser.add_argument("--diff", action="store_true",
+                        help="print a unified diff instead of the rewritten script")
+
+
+@command("migrate", help="rewrite a Horovod + Keras 2 script for hvdkeras + Keras 3",
+         configure=_configure_migrate)
+def _migrate(args: argparse.Namespace) -> int:
+    try:
+        with open(args.script, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        print(f"hvdkeras: error: cannot read {args.script}: {error}", file=sys.stderr)
+        return 2
+    try:
+        result = migrate(source)
+    except SyntaxError as error:
+        print(f"hvdkeras: error: {args.script}:{error.lineno}: not valid Python: {error.msg}",
+              file=sys.stderr)
+        return 2
+    if args.diff:
+        sys.stdout.writelines(difflib.unified_diff(
+            source.splitlines(keepends=True), result.text.splitlines(keepends=True),
+            fromfile=args.script, tofile=args.output or args.script))
+    if args.output:
+        temporary = f"{args.output}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(result.text)
+        os.replace(temporary, args.output)
+    elif not args.diff:
+        sys.stdout.write(result.text)
+    print(result.report(args.script), file=sys.stderr)
+    return 0
 
 
 @command("recipes", help="list the bundled recipes (or print one)", configure=_configure_recipes)

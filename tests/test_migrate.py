@@ -1,0 +1,128 @@
+"""`hvdkeras migrate`: Horovod + Keras 2 scripts rewritten for hvdkeras + Keras 3.
+
+Each rule on its own (the exact text it produces, comments and layout kept),
+a whole Horovod-style Keras script (the result compiles, every change is in
+the report, what cannot be changed is named), and the command line
+(-o, --diff, bad input).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hvdkeras.migrate import migrate
+
+
+def _rewrite(source: str) -> str:
+    result = migrate(textwrap.dedent(source))
+    compile(result.text, "<migrated>", "exec")
+    return result.text
+
+
+@pytest.mark.parametrize("before, after", [
+    ("import horovod.tensorflow.keras as hvd\n", "import hvdkeras as hvd\n"),
+    ("import horovod.keras as hvd  # the old package\n",
+     "import hvdkeras as hvd  # the old package\n"),
+    ("import horovod.tensorflow as hvd\n", "import hvdkeras as hvd\n"),
+    ("from horovod.tensorflow.keras import callbacks\n", "from hvdkeras import callbacks\n"),
+    ("from horovod.keras.callbacks import MetricAverageCallback\n",
+     "from hvdkeras.callbacks import MetricAverageCallback\n"),
+    ("from tensorflow import keras\n", "import keras\n"),
+    ("from tensorflow.keras import layers, models\n", "from keras import layers, models\n"),
+    ("from tensorflow.keras.optimizers.legacy import Adam\n", "from keras.optimizers import Adam\n"),
+    ("import tensorflow as tf\nm = tf.keras.Sequential()\n",
+     "import tensorflow as tf\nimport keras\nm = keras.Sequential()\n"),
+    ("import keras\nopt = keras.optimizers.legacy.SGD(lr=0.1, momentum=0.9)\n",
+     "import keras\nopt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)\n"),
+    ("model.compile(loss='mse', optimizer=opt,\n              experimental_run_tf_function=False)\n",
+     "model.compile(loss='mse', optimizer=opt)\n"),
+    ("model.compile(experimental_run_tf_function=False, loss='mse')\n",
+     "model.compile(loss='mse')\n"),
+    ("n = len(opt.variables())\n", "n = len(opt.variables)\n"),
+    ("model.save_weights(\"w.h5\")\n", "model.save_weights(\"w.weights.h5\")\n"),
+    ("cb = ModelCheckpoint('./checkpoint-{epoch}.h5')\n",
+     "cb = ModelCheckpoint('./checkpoint-{epoch}.keras')\n"),
+    ("cb = ModelCheckpoint(filepath='ck.ckpt', save_weights_only=True)\n",
+     "cb = ModelCheckpoint(filepath='ck.weights.h5', save_weights_only=True)\n"),
+    ("opt = hvd.DistributedOptimizer(opt, device_dense='/gpu:0', compression=c)\n",
+     "opt = hvd.DistributedOptimizer(opt, compression=c)\n"),
+])
+def test_each_rule(before, after):
+    assert _rewrite(before) == after
+
+
+def test_what_cannot_be_changed_is_named_and_left_alone():
+    source = textwrap.dedent("""\
+        import tensorflow as tf
+        import horovod.tensorflow.keras as hvd
+        from tensorflow.keras import backend as K
+        model = hvd.load_model("m.h5")
+        K.set_session(tf.compat.v1.Session())
+        opt = tf.keras.optimizers.SGD(0.1, decay=1e-4)
+        cb = tf.keras.callbacks.ModelCheckpoint(f"ck-{name}.h5")
+        best = hvd.callbacks.BestModelCheckpoint(monitor="val_loss")
+        """)
+    result = migrate(source)
+    compile(result.text, "<migrated>", "exec")
+    notes = "\n".join(f"{line}: {what}" for line, what in result.notes)
+    assert "4: hvd.load_model: load with keras.models.load_model" in notes
+    assert "5: K.set_session: Keras 3 has no sessions" in notes
+    assert "5: tf.compat: TensorFlow 1 API" in notes
+    assert "6: decay= is gone in Keras 3 optimizers" in notes
+    assert "7: ModelCheckpoint path is an f-string: make it end in .keras" in notes
+    assert "8: hvd.callbacks.BestModelCheckpoint: use hvd.callbacks.CheckpointCallback" in notes
+    assert 'hvd.load_model("m.h5")' in result.text and "decay=1e-4" in result.text
+
+
+def test_a_horovod_keras_script_end_to_end():
+    source = textwrap.dedent("""\
+        import tensorflow as tf
+        import horovod.tensorflow.keras as hvd
+
+        # Horovod: initialize Horovod.
+        hvd.init()
+        model = tf.keras.Sequential([
+            tf.keras.layers.Dense(10, activation='softmax'),  # a comment stays
+        ])
+        opt = tf.keras.optimizers.legacy.Adam(lr=0.001 * hvd.size())
+        opt = hvd.DistributedOptimizer(opt)
+        model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(), optimizer=opt,
+                      metrics=['accuracy'], experimental_run_tf_function=False)
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+        if hvd.rank() == 0:
+            callbacks.append(tf.keras.callbacks.ModelCheckpoint('./checkpoint-{epoch}.h5'))
+        """)
+    result = migrate(source)
+    compile(result.text, "<migrated>", "exec")
+    assert result.text.splitlines()[:3] == ["import tensorflow as tf", "import keras",
+                                            "import hvdkeras as hvd"]
+    assert "# a comment stays" in result.text and "tf.keras" not in result.text
+    assert "keras.optimizers.Adam(learning_rate=0.001 * hvd.size())" in result.text
+    assert "experimental_run_tf_function" not in result.text
+    assert "'./checkpoint-{epoch}.keras'" in result.text
+    assert result.notes == []
+    report = result.report("train.py")
+    assert "train.py:2: import horovod.tensorflow.keras -> hvdkeras" in report
+    assert report.endswith(f"{len(result.changes)} change(s), 0 place(s) left to you")
+    assert len(result.changes) == 11
+
+
+def test_the_command(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import horovod.tensorflow.keras as hvd\nhvd.init()\n")
+    out = tmp_path / "migrated.py"
+    hvdkeras = [sys.executable, "-m", "hvdkeras.cli", "migrate"]
+    done = subprocess.run([*hvdkeras, str(script), "-o", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "import hvdkeras as hvd\nhvd.init()\n"
+    assert f"{script}:1: import horovod.tensorflow.keras -> hvdkeras" in done.stderr
+    assert script.read_text().startswith("import horovod")  # the input is left as it was
+    diff = subprocess.run([*hvdkeras, str(script), "--diff"], capture_output=True, text=True)
+    assert "-import horovod.tensorflow.keras as hvd\n+import hvdkeras as hvd\n" in diff.stdout
+    script.write_text("def broken(:\n")
+    bad = subprocess.run([*hvdkeras, str(script)], capture_output=True, text=True)
+    assert bad.returncode == 2 and f"{script}:1: not valid Python" in bad.stderr
