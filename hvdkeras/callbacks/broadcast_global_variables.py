@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import keras
+import tensorflow as tf
 
 from hvdkeras.callbacks._prepare import prepare_model
+from hvdkeras.collectives.broadcasting import broadcast_variables
 from hvdkeras.training.model_sync import broadcast_model
 
 
@@ -20,8 +24,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Like every hvdkeras callback it also turns XLA off for the train step if
     `compile()` turned it on (hvdkeras collectives have no XLA kernel).
 
-    The model must be built before `fit()` (functional models and models
-    with a `keras.Input` are; otherwise call `model.build(...)`).
+    A model that `fit()` itself builds (a `Sequential` without a
+    `keras.Input`, as in Horovod's examples) is built and broadcast at the
+    start of the first train step, inside the step, before its forward pass:
+    the first update is taken from the root's weights on every rank too.
 
     Args:
         root_rank: The rank whose state is copied to the others.
@@ -38,12 +44,56 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = int(root_rank)
         self.broadcast_done = False
 
+        self._in_step: Optional[tf.Variable] = None
+
     def set_model(self, model) -> None:
         super().set_model(model)
         prepare_model(model)
+        # fit() makes its train function after set_model and before
+        # on_train_begin, so this is the last moment to put the broadcast
+        # into the step of a model that is not built yet.
+        if not self.broadcast_done and not getattr(model, "built", False) \
+                and self._in_step is None:
+            self._broadcast_in_first_step(model)
+
+    def _broadcast_in_first_step(self, model: Any) -> None:
+        done = tf.Variable(False, trainable=False, name="hvdkeras_broadcast_done")
+        self._in_step = done
+        step = model.train_step
+        root = self.root_rank
+
+        def train_step(data):
+            if not model.built:  # while the step is traced: create the variables now
+                x = keras.utils.unpack_x_y_sample_weight(data)[0]
+                if isinstance(x, tf.Tensor):
+                    model.build(x.shape)
+                else:
+                    model(x, training=False)
+
+            def broadcast():
+                broadcast_variables(model.variables, root_rank=root,
+                                    name="hvdkeras_first_step_broadcast")
+                done.assign(True)
+                return tf.constant(True)
+
+            ready = tf.cond(done, lambda: tf.constant(True), broadcast)
+            with tf.control_dependencies([ready]):
+                return step(data)
+
+        model.train_step = train_step
 
     def on_train_begin(self, logs=None) -> None:
-        if self.broadcast_done:
+        if self.broadcast_done or self._in_step is not None:
             return
         broadcast_model(self.model, root_rank=self.root_rank)
         self.broadcast_done = True
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if self._in_step is not None and not self.broadcast_done:
+            self.broadcast_done = bool(self._in_step.numpy())
+
+    def on_train_end(self, logs=None) -> None:
+        if self._in_step is not None:
+            # The plain step again for later fit() calls (its flag is set anyway).
+            vars(self.model).pop("train_step", None)
+            self._in_step = None

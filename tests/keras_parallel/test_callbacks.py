@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import hvdkeras as hvd
-from keras_helpers import mlp, regression_data, spread_over_ranks, variable_values
+from keras_helpers import (assert_weights_close, mlp, regression_data, run_reference, shard,
+                           spread_over_ranks, variable_values)
 
 
 class Recorder(keras.callbacks.Callback):
@@ -79,12 +80,35 @@ def test_unbuilt_optimizer_is_built_and_synced_before_step_one():
     assert recorder.learning_rates[0][2] == pytest.approx(0.01)
 
 
-def test_unbuilt_model_gets_a_clear_error():
-    model = keras.Sequential([keras.layers.Dense(2)])   # no input shape
+def test_a_model_that_fit_builds_starts_from_the_roots_weights():
+    """No keras.Input (Horovod's examples): ranks initialize differently, and the
+    broadcast inside the first step makes them train like one process that
+    started from rank 0's weights."""
+    steps, per_rank = 4, 4
+    x, y = regression_data(seed=5, rows=steps * hvd.size() * per_rank)
+
+    def unbuilt(seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(2)])
+
+    model = unbuilt(100 + hvd.rank())
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
-    x, y = _rank_data(rows=4)
-    with pytest.raises(ValueError, match="is not built.*model.build"):
-        model.fit(x, y, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+    mine = (shard(x, steps, per_rank), shard(y, steps, per_rank))
+    model.fit(*mine, batch_size=per_rank, shuffle=False, verbose=0, callbacks=[callback])
+    assert callback.broadcast_done
+    reference = run_reference(lambda: _compiled_sgd(unbuilt(100)), x, y,
+                              batch_size=hvd.size() * per_rank)
+    assert_weights_close(model.get_weights(), reference.get_weights(), "built by fit")
+    # A second fit() with the same callback trains on without another broadcast.
+    model.fit(*mine, batch_size=per_rank, shuffle=False, verbose=0, callbacks=[callback])
+    reference.fit(x, y, batch_size=hvd.size() * per_rank, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), reference.get_weights(), "second fit")
+
+
+def _compiled_sgd(model):
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
 
 
 def test_metric_average_makes_every_history_identical():
