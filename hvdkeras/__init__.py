@@ -43,7 +43,8 @@ _PUBLIC: Dict[str, str] = {
     **dict.fromkeys(("Average", "Sum", "Min", "Max", "Product"), "hvdkeras.engine.types"),
     # Collectives.
     **dict.fromkeys(
-        ("allreduce", "grouped_allreduce", "broadcast", "broadcast_variables", "allgather",
+        ("allreduce", "grouped_allreduce", "broadcast", "broadcast_", "broadcast_variables",
+         "allgather",
          "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "barrier",
          "join", "allgather_object", "broadcast_object", "size_op", "rank_op", "local_size_op",
          "local_rank_op", "cross_size_op", "cross_rank_op"), "hvdkeras.collectives"),
@@ -51,7 +52,7 @@ _PUBLIC: Dict[str, str] = {
     "DistributedOptimizer": "hvdkeras.training.optimizer",
     "is_distributed": "hvdkeras.training.optimizer",
     "DistributedGradientTape": "hvdkeras.training.gradient_tape",
-    "Compression": "hvdkeras.training.compression",
+    "Compression": "hvdkeras.collectives.compression",
     "broadcast_model": "hvdkeras.training.model_sync",
     "SyncBatchNormalization": "hvdkeras.training.sync_batch_norm",
     "save_model_atomic": "hvdkeras.training.checkpoint_writing",
@@ -91,7 +92,7 @@ def __dir__() -> List[str]:
 if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras import callbacks, recipes, runner
     from hvdkeras.collectives import (allgather, allgather_object, allreduce, alltoall, barrier,
-                                      broadcast, broadcast_object, broadcast_variables,
+                                      broadcast, broadcast_, broadcast_object, broadcast_variables,
                                       cross_rank_op, cross_size_op, grouped_allgather,
                                       grouped_allreduce, grouped_reducescatter, join,
                                       local_rank_op, local_size_op, rank_op, reducescatter,
@@ -113,7 +114,7 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras.training.checkpoint_restore import (TrainingPosition, restore_from_checkpoint,
                                                       restore_training_position)
     from hvdkeras.training.checkpoint_writing import save_model_atomic
-    from hvdkeras.training.compression import Compression
+    from hvdkeras.collectives.compression import Compression
     from hvdkeras.training.gradient_tape import DistributedGradientTape
     from hvdkeras.training.model_sync import broadcast_model
     from hvdkeras.training.sync_batch_norm import SyncBatchNormalization

@@ -5,7 +5,7 @@ What may import this module: `hvdkeras.collectives` and the layers above it.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -78,3 +78,24 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
         received = kernels.broadcast([values[i] for i in indices], int(root_rank), name + suffix)
         for i, value in zip(indices, received):
             variables[i].assign(value)
+
+
+def broadcast_(variables: Sequence, root_rank: int, name: Optional[str] = None) -> Sequence:
+    """Horovod's in-place broadcast: `broadcast_variables`, returning `variables`.
+
+    Args:
+        variables: TensorFlow or Keras variables, in the same order on every rank.
+        root_rank: The rank whose values are kept.
+        name: Name that matches this call across ranks.
+
+    Returns:
+        `variables`, now holding the root's values.
+
+    Example:
+
+    ```python
+    hvd.broadcast_(model.trainable_variables, root_rank=0)
+    ```
+    """
+    broadcast_variables(variables, root_rank=root_rank, name=name)
+    return variables

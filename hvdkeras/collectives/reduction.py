@@ -11,13 +11,15 @@ import tensorflow as tf
 
 from hvdkeras.collectives import kernels, sparse
 from hvdkeras.collectives.common import check_dtype, not_converted, per_dtype, resolve_op
+from hvdkeras.collectives.compression import Compression, Compressor
 from hvdkeras.engine import world
 
 
 @not_converted
 def allreduce(tensor, name: Optional[str] = None, average: Optional[bool] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              op: Optional[int] = None) -> tf.Tensor:
+              op: Optional[int] = None,
+              compression: Compressor = Compression.none) -> tf.Tensor:
     """Reduces a tensor over all ranks; every rank gets the result.
 
     Args:
@@ -34,6 +36,9 @@ def allreduce(tensor, name: Optional[str] = None, average: Optional[bool] = None
         postscale_factor: Multiplies the result after the reduction.
         op: `hvdkeras.Average` (default), `Sum`, `Min`, `Max` or `Product`.
             Average of integers rounds toward zero.
+        compression: `hvdkeras.Compression.fp16` or `.bf16` sends floating
+            tensors at half width and returns the result in the input's
+            dtype (default `Compression.none`).
 
     Returns:
         A tensor like `tensor` holding the reduction.
@@ -51,14 +56,16 @@ def allreduce(tensor, name: Optional[str] = None, average: Optional[bool] = None
                                                name)
     tensor = tf.convert_to_tensor(tensor)
     check_dtype(tensor, "allreduce", reducing=True)
-    return kernels.allreduce([tensor], op, prescale_factor, postscale_factor, name)[0]
+    wire, context = compression.compress(tensor)
+    reduced = kernels.allreduce([wire], op, prescale_factor, postscale_factor, name)[0]
+    return compression.decompress(reduced, context)
 
 
 @not_converted
 def grouped_allreduce(tensors: Sequence, name: Optional[str] = None,
                       average: Optional[bool] = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0,
-                      op: Optional[int] = None) -> List[tf.Tensor]:
+                      postscale_factor: float = 1.0, op: Optional[int] = None,
+                      compression: Compressor = Compression.none) -> List[tf.Tensor]:
     """Reduces a list of tensors in one negotiated, fused operation.
 
     Tensors of one dtype are always reduced together in one buffer; each
@@ -67,7 +74,8 @@ def grouped_allreduce(tensors: Sequence, name: Optional[str] = None,
 
     Args:
         tensors: A list of tensors (shapes may differ).
-        name, average, prescale_factor, postscale_factor, op: As in `allreduce`.
+        name, average, prescale_factor, postscale_factor, op, compression: As in
+            `allreduce`.
 
     Returns:
         A list of reduced tensors, in input order.
@@ -83,6 +91,8 @@ def grouped_allreduce(tensors: Sequence, name: Optional[str] = None,
     converted = [tf.convert_to_tensor(t) for t in tensors]
     for t in converted:
         check_dtype(t, "grouped_allreduce", reducing=True)
-    return per_dtype(converted, name or "HvdkerasGroupedAllreduce",
-                     lambda group, group_name: kernels.allreduce(
-                         group, op, prescale_factor, postscale_factor, group_name))
+    wire, contexts = zip(*[compression.compress(t) for t in converted]) if converted else ((), ())
+    reduced = per_dtype(list(wire), name or "HvdkerasGroupedAllreduce",
+                        lambda group, group_name: kernels.allreduce(
+                            group, op, prescale_factor, postscale_factor, group_name))
+    return [compression.decompress(r, c) for r, c in zip(reduced, contexts)]

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 import keras
 
 from hvdkeras.recipes import lr_plan
-from hvdkeras.training.compression import Compression
+from hvdkeras.collectives.compression import Compression
 from hvdkeras.training.optimizer import DistributedOptimizer
 from hvdkeras.training.schedules import WarmupSchedule
 

@@ -22,7 +22,7 @@ from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.collectives.sparse import gather_slices, sparse_scale
 from hvdkeras.engine import world
 from hvdkeras.engine.types import Average, Max, Min, Product, Sum
-from hvdkeras.training.compression import Compression, Compressor
+from hvdkeras.collectives.compression import Compression, Compressor
 
 _SUPPORTED_OPS = {Average: "Average", Sum: "Sum"}
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from hvdkeras.engine.types import Average
 from hvdkeras.training import guards
-from hvdkeras.training.compression import Compression, Compressor
+from hvdkeras.collectives.compression import Compression, Compressor
 from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
 
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 from hvdkeras import compat
 from hvdkeras.engine.types import Average
 from hvdkeras.training import guards
-from hvdkeras.training.compression import Compression, Compressor
+from hvdkeras.collectives.compression import Compression, Compressor
 from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
 from hvdkeras.training.local_accumulation import LocalGradientAccumulator
 

@@ -8,6 +8,7 @@ compared with np.array_equal.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -309,3 +310,28 @@ def test_repeated_calls_of_one_function_see_new_inputs():
         for k, (s, d) in enumerate(MANY[:10]):
             want = reduce_exact(hvd.Sum, [parts[r][k] for r in range(WORLD_SIZE)], d)
             assert_exact(got[k], want, f"call {call} tensor {k}")
+
+
+# ---------------------------------------------------------------- wire compression
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("compression, wire", [(hvd.Compression.fp16, np.float16),
+                                               (hvd.Compression.bf16, None)],
+                         ids=["fp16", "bf16"])
+def test_compression_sends_half_width_and_returns_the_input_dtype(compression, wire, mode):
+    """Each rank's float32/float64 values are rounded to the wire type, summed, and
+    come back in the input's dtype; integer tensors pass through unchanged."""
+    wire = wire or ml_dtypes.bfloat16
+    base = np.linspace(0.1, 7.3, 12).reshape(3, 4)
+    values = [base * (r + 1) + 1 / 3 for r in range(WORLD_SIZE)]
+    for dtype in (tf.float32, tf.float64):
+        mine = tf.constant(values[WORLD_RANK], dtype)
+        got = run(mode, lambda x: hvd.allreduce(x, op=hvd.Sum, compression=compression), mine)
+        assert got.dtype == dtype
+        expected = sum(v.astype(wire) for v in values).astype(wire)  # summed in the wire type
+        np.testing.assert_allclose(got.numpy(), expected.astype(np.float64), rtol=1e-2)
+        assert not np.array_equal(got.numpy(), sum(values).astype(dtype.as_numpy_dtype))
+    ints = run(mode, lambda a, b: hvd.grouped_allreduce([a, b], op=hvd.Sum, compression=compression),
+               tf.constant([WORLD_RANK], tf.int32), tf.constant([0.5], tf.float32))
+    assert_exact(ints[0], np.array([sum(range(WORLD_SIZE))], np.int32))
+    assert ints[1].dtype == tf.float32

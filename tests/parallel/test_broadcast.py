@@ -134,3 +134,13 @@ def test_broadcast_variables_of_a_keras_model():
     reference = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
     for got, want in zip(mine, reference.variables):
         assert_exact(got, want.numpy())
+
+
+def test_in_place_broadcast_returns_the_variables():
+    """Horovod's broadcast_: the variables take the root's values and come back."""
+    variables = [tf.Variable(values_of(WORLD_RANK, (2, 3)).astype("float32")),
+                 tf.Variable(tf.constant([WORLD_RANK + 7], tf.int32))]
+    returned = hvd.broadcast_(variables, root_rank=WORLD_SIZE - 1)
+    assert returned is variables
+    assert_exact(variables[0].numpy(), values_of(WORLD_SIZE - 1, (2, 3)).astype("float32"))
+    assert_exact(variables[1].numpy(), np.array([WORLD_SIZE + 6], np.int32))

@@ -1,12 +1,13 @@
-"""Wire compression for gradient reductions.
+"""Wire compression for reductions (`allreduce(compression=...)`, and the gradients'
+reduction in `DistributedOptimizer` and `DistributedGradientTape`).
 
 A compressor casts floating-point tensors to a narrower type before they are
 reduced across ranks and casts the result back afterwards. Halving the bytes
 on the wire costs precision in the reduced values, not in the variables or the
 optimizer state, which stay in their own dtype.
 
-What may import this module: the rest of `hvdkeras.training`, the recipes'
-training code and the top-level package.
+What may import this module: the rest of `hvdkeras.collectives`,
+`hvdkeras.training`, the recipes' training code and the top-level package.
 """
 
 from __future__ import annotations
