@@ -56,6 +56,7 @@ _PUBLIC: Dict[str, str] = {
     "broadcast_model": "hvdkeras.training.model_sync",
     "SyncBatchNormalization": "hvdkeras.training.sync_batch_norm",
     "save_model_atomic": "hvdkeras.training.checkpoint_writing",
+    "load_model": "hvdkeras.training.model_loading",
     "restore_from_checkpoint": "hvdkeras.training.checkpoint_restore",
     "restore_training_position": "hvdkeras.training.checkpoint_restore",
     "TrainingPosition": "hvdkeras.training.checkpoint_restore",
@@ -116,6 +117,7 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras.training.checkpoint_writing import save_model_atomic
     from hvdkeras.collectives.compression import Compression
     from hvdkeras.training.gradient_tape import DistributedGradientTape
+    from hvdkeras.training.model_loading import load_model
     from hvdkeras.training.model_sync import broadcast_model
     from hvdkeras.training.sync_batch_norm import SyncBatchNormalization
     from hvdkeras.training.optimizer import DistributedOptimizer, is_distributed

@@ -26,8 +26,6 @@ OPTIMIZER_CLASSES = {"SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "N
                      "Ftrl", "Lion", "Adafactor"}
 # Horovod names hvdkeras does not offer (yet or at all), with what to do instead.
 NOT_IN_HVDKERAS = {
-    "load_model": "load with keras.models.load_model and wrap model.optimizer with "
-                  "hvd.DistributedOptimizer before compiling",
     "broadcast_global_variables": "TensorFlow 2 has no global variables: use "
                                   "hvd.callbacks.BroadcastGlobalVariablesCallback(0) or "
                                   "hvd.broadcast_model(model)",

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import hvdkeras as hvd
-from keras_helpers import mlp, regression_data, spread_over_ranks, variable_values
+from keras_helpers import (assert_weights_close, mlp, regression_data, shard, spread_over_ranks,
+                           variable_values)
 
 
 def _model(seed=61):
@@ -107,3 +108,27 @@ def test_save_best_only_keeps_its_best_across_restarts(tmp_path):
         saved = sorted(n for n in os.listdir(directory) if n.endswith(".keras"))
         assert saved == ["epoch-00001.keras", "epoch-00002.keras", "epoch-00004.keras",
                          "epoch-00006.keras"]
+
+
+def test_load_model_continues_training_distributed(tmp_path_factory):
+    """hvd.load_model: the saved optimizer state is kept and made distributed, so
+    training on 2 ranks continues exactly like one process on the global batch."""
+    steps, per_rank = 3, 4
+    x, y = regression_data(seed=21, rows=2 * steps * hvd.size() * per_rank)
+    first, second = x[: len(x) // 2], x[len(x) // 2:]
+    first_y, second_y = y[: len(y) // 2], y[len(y) // 2:]
+    path = str(tmp_path_factory.getbasetemp() / "load_model_shared.keras")
+    if hvd.rank() == 0:
+        saved = mlp(31)
+        saved.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        saved.fit(first, first_y, batch_size=hvd.size() * per_rank, shuffle=False, verbose=0)
+        hvd.save_model_atomic(saved, path)
+    shared = hvd.broadcast_object(path, root_rank=0, name="load_model_path")  # once written
+    model = hvd.load_model(shared)
+    assert hvd.is_distributed(model.optimizer)
+    assert int(model.optimizer.iterations.numpy()) == steps
+    model.fit(shard(second, steps, per_rank), shard(second_y, steps, per_rank),
+              batch_size=per_rank, shuffle=False, verbose=0)
+    reference = keras.models.load_model(shared)
+    reference.fit(second, second_y, batch_size=hvd.size() * per_rank, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), reference.get_weights(), "after load_model")
