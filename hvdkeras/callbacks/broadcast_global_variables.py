@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -31,6 +31,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Args:
         root_rank: The rank whose state is copied to the others.
+        device: Accepted for Horovod scripts and not used: hvdkeras places
+            its collectives itself.
+        local_variables: Variables left out of the broadcast (each rank
+            keeps its own: model-parallel layers).
 
     Example:
 
@@ -39,9 +43,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, root_rank: int = 0) -> None:
+    def __init__(self, root_rank: int = 0, device: str = "",
+                 local_variables: Optional[Sequence[Any]] = None) -> None:
         super().__init__()
         self.root_rank = int(root_rank)
+        self.device = device
+        self.local_variables = list(local_variables or [])
         self.broadcast_done = False
 
         self._in_step: Optional[tf.Variable] = None
@@ -61,6 +68,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._in_step = done
         step = model.train_step
         root = self.root_rank
+        kept = {id(v) for v in self.local_variables}
 
         def train_step(data):
             if not model.built:  # while the step is traced: create the variables now
@@ -71,8 +79,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                     model(x, training=False)
 
             def broadcast():
-                broadcast_variables(model.variables, root_rank=root,
-                                    name="hvdkeras_first_step_broadcast")
+                broadcast_variables([v for v in model.variables if id(v) not in kept],
+                                    root_rank=root, name="hvdkeras_first_step_broadcast")
                 done.assign(True)
                 return tf.constant(True)
 
@@ -85,7 +93,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None) -> None:
         if self.broadcast_done or self._in_step is not None:
             return
-        broadcast_model(self.model, root_rank=self.root_rank)
+        broadcast_model(self.model, root_rank=self.root_rank, exclude=self.local_variables)
         self.broadcast_done = True
 
     def on_train_batch_end(self, batch, logs=None) -> None:

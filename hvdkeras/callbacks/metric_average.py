@@ -40,7 +40,15 @@ class MetricAverageCallback(keras.callbacks.Callback):
                  hvd.callbacks.MetricAverageCallback(),
                  keras.callbacks.ReduceLROnPlateau(patience=2)]
     ```
+
+    Args:
+        device: Accepted for Horovod scripts and not used: hvdkeras places
+            its collectives itself.
     """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+        self.device = device
 
     def set_model(self, model) -> None:
         super().set_model(model)

@@ -6,7 +6,7 @@ and the top-level package.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from hvdkeras.collectives.broadcasting import broadcast_variables
 
@@ -53,7 +53,8 @@ def _unique(variables: List[Any]) -> List[Any]:
     return out
 
 
-def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = None) -> None:
+def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = None,
+                    exclude: Sequence[Any] = ()) -> None:
     """Copies the model's and its optimizer's state from `root_rank` to all ranks.
 
     Covers the model's weights (trainable and not, plus random-seed state)
@@ -67,6 +68,8 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
         root_rank: The rank whose state everyone receives.
         optimizer: The optimizer to include; defaults to `model.optimizer`
             (pass it for custom loops where the model is not compiled).
+        exclude: Variables each rank keeps as they are (model-parallel
+            layers that differ between ranks on purpose).
 
     Example:
 
@@ -80,5 +83,6 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
     variables = list(model.variables)
     if optimizer is not None:
         variables += list(optimizer.variables)
-    broadcast_variables(_unique(variables), root_rank=root_rank,
-                        name="hvdkeras_broadcast_model")
+    kept = {id(v) for v in exclude}
+    broadcast_variables([v for v in _unique(variables) if id(v) not in kept],
+                        root_rank=root_rank, name="hvdkeras_broadcast_model")

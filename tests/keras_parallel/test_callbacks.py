@@ -64,6 +64,26 @@ def test_different_seeds_are_identical_before_step_one():
             np.testing.assert_array_equal(got, expected)
 
 
+def test_local_variables_keep_their_own_values():
+    """Horovod's local_variables=: those stay as each rank made them; the rest is rank 0's."""
+    model = mlp(seed=200 + hvd.rank())
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    local = model.layers[0].trainable_variables
+    before = variable_values(local)
+    recorder = Recorder()
+    x, y = _rank_data(rows=4)
+    model.fit(x, y, batch_size=4, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0, device="", local_variables=local),
+        hvd.callbacks.MetricAverageCallback(device=""), recorder])
+    state = dict(zip([v.path for v in model.variables], recorder.first_step_state[0]))
+    local_paths = {v.path for v in local}
+    shared = [value for path, value in state.items() if path not in local_paths]
+    assert spread_over_ranks(shared, "local_vars_shared") == 0
+    assert spread_over_ranks([state[v.path] for v in local], "local_vars_local") > 0
+    for got, expected in zip([state[v.path] for v in local], before):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_unbuilt_optimizer_is_built_and_synced_before_step_one():
     model = mlp(seed=200 + hvd.rank())
     model.compile(optimizer=hvd.DistributedOptimizer(
