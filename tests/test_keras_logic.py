@@ -219,6 +219,12 @@ def test_distributed_optimizer_keeps_class_identity_and_state():
     assert wrapped.get_config() == keras.optimizers.Adam.from_config(wrapped.get_config()).get_config()
     named = hvd.DistributedOptimizer("sgd")
     assert type(named).__name__ == "SGD" and hvd.is_distributed(named)
+    # Horovod's placement arguments are accepted (hvdkeras places reductions itself).
+    placed = hvd.DistributedOptimizer("adam", device_dense="/gpu:0", device_sparse="/cpu:0")
+    assert hvd.is_distributed(placed)
+    with tf.GradientTape() as tape:
+        pass
+    assert hvd.DistributedGradientTape(tape, device_dense="/gpu:0", device_sparse="") is not None
 
 
 def test_distributed_optimizer_adds_the_loss_scale_optimizer_under_mixed_float16():

@@ -48,8 +48,6 @@ def _rewrite(source: str) -> str:
      "cb = ModelCheckpoint('./checkpoint-{epoch}.keras')\n"),
     ("cb = ModelCheckpoint(filepath='ck.ckpt', save_weights_only=True)\n",
      "cb = ModelCheckpoint(filepath='ck.weights.h5', save_weights_only=True)\n"),
-    ("opt = hvd.DistributedOptimizer(opt, device_dense='/gpu:0', compression=c)\n",
-     "opt = hvd.DistributedOptimizer(opt, compression=c)\n"),
 ])
 def test_each_rule(before, after):
     assert _rewrite(before) == after

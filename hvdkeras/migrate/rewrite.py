@@ -38,7 +38,6 @@ NOT_IN_HVDKERAS = {
     "Adasum": "not offered; use op=hvd.Average",
     "BestModelCheckpoint": "use hvd.callbacks.CheckpointCallback(dir, save_best_only=True)",
 }
-_DROPPED_OPTIMIZER_ARGS = {"device_dense", "device_sparse"}
 _TF1_SESSION = {"get_session", "set_session", "Session", "ConfigProto"}
 
 
@@ -171,11 +170,6 @@ class _Rules(ast.NodeVisitor):
         last = name.rsplit(".", 1)[-1]
         if last in OPTIMIZER_CLASSES:
             self._optimizer_arguments(node)
-        if last == "DistributedOptimizer":
-            for keyword in node.keywords:
-                if keyword.arg in _DROPPED_OPTIMIZER_ARGS:
-                    self._remove_keyword(node, keyword, f"{keyword.arg}= dropped (hvdkeras "
-                                                        "places its reductions itself)")
         if last == "compile":
             for keyword in node.keywords:
                 if keyword.arg == "experimental_run_tf_function":

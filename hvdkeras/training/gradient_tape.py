@@ -48,7 +48,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape,
                             gradient_predivide_factor: float = 1.0,
                             num_groups: int = 0,
                             groups: Optional[Sequence[Sequence[Any]]] = None,
-                            name: str = "DistributedGradientTape") -> tf.GradientTape:
+                            name: str = "DistributedGradientTape",
+                            device_dense: str = "",
+                            device_sparse: str = "") -> tf.GradientTape:
     """Makes `gradtape.gradient()` average the gradients across ranks.
 
     The tape is converted in place and returned, so it stays a
@@ -61,6 +63,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape,
         compression, sparse_as_dense, op, gradient_predivide_factor,
             num_groups, groups: As in `hvdkeras.DistributedOptimizer`.
         name: Prefix of the collective names (the same on every rank).
+        device_dense, device_sparse: Accepted for Horovod scripts and not
+            used: hvdkeras places its reductions itself.
 
     Returns:
         The converted tape.

@@ -139,7 +139,9 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          gradient_predivide_factor: float = 1.0,
                          op: int = Average,
                          num_groups: int = 0,
-                         groups: Optional[Sequence[Sequence[Any]]] = None) -> keras.optimizers.Optimizer:
+                         groups: Optional[Sequence[Sequence[Any]]] = None,
+                         device_dense: str = "",
+                         device_sparse: str = "") -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer average gradients across all ranks.
 
     Gradients are reduced at the top of `Optimizer.apply`, before the
@@ -183,6 +185,9 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
             one fused collective each (0: one collective for all).
         groups: Explicit groups as lists of variables (e.g. per layer); the
             variables not listed form one more group.
+        device_dense, device_sparse: Accepted for Horovod scripts and not
+            used: hvdkeras places its reductions itself (GPU tensors on the
+            GPU, others on the CPU).
 
     Returns:
         The distributed optimizer.
