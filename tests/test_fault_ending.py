@@ -148,6 +148,21 @@ def _wait_gone(marker, within):
     return False
 
 
+def _kill_while_waiting(marker, victim):
+    """Starts a 2-rank job that waits, SIGKILLs `victim(rank 1's pid)` and lets the job end.
+
+    Returns (the launcher process, the pid killed, the output, seconds from the kill to the end).
+    """
+    proc = _start(["-np", 2, sys.executable, FAULTS, "wait"], marker)
+    lines = []
+    ready = _read_until(proc, r"READY (\d+) (\d+) ", lines)
+    pid = victim(int(ready["1"].group(2)))
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    output = _finish(proc, lines)
+    return proc, pid, output, time.time() - killed_at
+
+
 @pytest.fixture
 def marker():
     value = uuid.uuid4().hex
@@ -215,13 +230,8 @@ def test_a_killed_launcher_leaves_no_process(marker):
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_a_killed_rank_ends_the_job_and_leaves_no_process(marker):
-    proc = _start(["-np", 2, sys.executable, FAULTS, "wait"], marker)
-    lines = []
-    ready = _read_until(proc, r"READY (\d+) (\d+) ", lines)
-    os.kill(int(ready["1"].group(2)), signal.SIGKILL)
-    killed_at = time.time()
-    output = _finish(proc, lines)
-    assert time.time() - killed_at < ENDS_WITHIN_S, output
+    proc, _, output, took = _kill_while_waiting(marker, lambda rank_pid: rank_pid)
+    assert took < ENDS_WITHIN_S, output
     assert proc.returncode == 128 + signal.SIGKILL, output
     assert re.search(r"failed after .*: rank 1 on \S+ was killed by signal SIGKILL", output), output
     assert _wait_gone(marker, 5.0), _marked(marker)
@@ -230,15 +240,11 @@ def test_a_killed_rank_ends_the_job_and_leaves_no_process(marker):
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_a_killed_supervisor_is_named_with_its_rank(marker):
-    proc = _start(["-np", 2, sys.executable, FAULTS, "wait"], marker)
-    lines = []
-    ready = _read_until(proc, r"READY (\d+) (\d+) ", lines)
-    rank_pid = int(ready["1"].group(2))
-    shim_pid = int(Path(f"/proc/{rank_pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
-    os.kill(shim_pid, signal.SIGKILL)
-    killed_at = time.time()
-    output = _finish(proc, lines)
-    assert time.time() - killed_at < ENDS_WITHIN_S, output
+    def parent_of(pid):
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+
+    proc, shim_pid, output, took = _kill_while_waiting(marker, parent_of)
+    assert took < ENDS_WITHIN_S, output
     assert proc.returncode != 0, output
     assert re.search(rf"failed after .*: the supervisor of rank 1 \(pid {shim_pid} on \S+\) was "
                      r"killed, so the rank could not report", output), output

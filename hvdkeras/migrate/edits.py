@@ -59,6 +59,6 @@ def apply(source: str, edits: Sequence[Edit]) -> tuple[str, List[Edit], List[Edi
         applied.append(edit)
         taken_until = max(taken_until, edit.end)
     text = source
-    for edit in sorted(applied, key=lambda e: (e.start, e.end), reverse=True):
+    for edit in reversed(applied):  # already in order; from the end, offsets stay valid
         text = text[:edit.start] + edit.text + text[edit.end:]
     return text, applied, skipped

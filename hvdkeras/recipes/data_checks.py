@@ -91,7 +91,7 @@ def check_csv(path: str, compression: str, header: bool,
         edges = [(head, 0), (tail, size - len(tail))]
         data = None
     for chunk, start in edges:
-        offset = _binary_offset(chunk[:FULL_SCAN_BYTES], start)
+        offset = _binary_offset(chunk, start)
         if offset is not None:
             return None, (f"{path} holds binary bytes (at byte {offset}), not CSV text; "
                           "is it the right file, or compressed (set data.compression)?")

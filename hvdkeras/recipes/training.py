@@ -75,15 +75,11 @@ def _fit_from(model, data: Data, fresh_train: Callable[[], Any], position: Train
     logs: Dict[str, list] = {}
     epoch, step = position.epoch, position.step
     if step:
-        for callback in callbacks:
-            if hasattr(callback, "batch_offset"):
-                callback.batch_offset = step
+        _set_batch_offset(callbacks, step)
         taken = epoch * steps_per_epoch + step
         history = model.fit(data.train.skip(taken), epochs=epoch + 1, initial_epoch=epoch,
                             steps_per_epoch=steps_per_epoch - step, **common)
-        for callback in callbacks:
-            if hasattr(callback, "batch_offset"):
-                callback.batch_offset = 0
+        _set_batch_offset(callbacks, 0)
         _extend(logs, history)
         epoch += 1
         if model.stop_training:
@@ -118,6 +114,13 @@ def _on_this_world(position: TrainingPosition, size: int, steps_per_epoch: int,
               f"has {size}: the learning rate and the data shards follow {size} rank(s){moved}.",
               flush=True)
     return position._replace(step=step, world_size=size, steps_per_epoch=steps_per_epoch)
+
+
+def _set_batch_offset(callbacks: list, steps: int) -> None:
+    """Tells the step-counting callbacks how many steps of the epoch ran before this fit()."""
+    for callback in callbacks:
+        if hasattr(callback, "batch_offset"):
+            callback.batch_offset = steps
 
 
 def _extend(logs: Dict[str, list], history) -> None:
