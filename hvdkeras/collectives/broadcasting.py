@@ -11,11 +11,13 @@ import tensorflow as tf
 
 from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import check_dtype, not_converted
-from hvdkeras.engine import world
+from hvdkeras.engine import process_sets
+from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 
 
 @not_converted
-def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None) -> tf.Tensor:
+def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Copies `tensor` from `root_rank` to every rank.
 
     Args:
@@ -24,6 +26,8 @@ def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None) -> tf.Tens
         root_rank: The rank whose value everyone receives. All ranks must
             pass the same root; a mismatch fails on every rank.
         name: Name that matches this call across ranks.
+        process_set: The `ProcessSet` whose ranks take part (default: all
+            ranks); `root_rank` is still a global rank, one of the set's.
 
     Returns:
         The root's tensor.
@@ -34,15 +38,17 @@ def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None) -> tf.Tens
     seed = hvd.broadcast(tf.constant(np.random.randint(1 << 30)), root_rank=0)
     ```
     """
-    world.require()
+    ps = process_sets.view(process_set)
+    root = ps.set_rank_of(int(root_rank), "root_rank")
     tensor = tf.convert_to_tensor(tensor)
     check_dtype(tensor, "broadcast", reducing=False)
-    return kernels.broadcast([tensor], int(root_rank), name)[0]
+    return kernels.broadcast([tensor], root, name, ps.set_id)[0]
 
 
 @not_converted
 def broadcast_variables(variables: Iterable, root_rank: int = 0,
-                        name: Optional[str] = None) -> None:
+                        name: Optional[str] = None,
+                        process_set: ProcessSet = global_process_set) -> Optional[tf.Operation]:
     """Assigns every variable the value it has on `root_rank`.
 
     All variables travel in one fused broadcast (int32 ones in a second:
@@ -55,6 +61,10 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
             rank.
         root_rank: The rank whose values are kept.
         name: Name that matches this call across ranks.
+        process_set: The `ProcessSet` whose ranks take part (default: all).
+
+    Returns:
+        None eagerly; in graph code, the op that runs every assignment.
 
     Example:
 
@@ -62,31 +72,65 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
     hvd.broadcast_variables(model.variables, root_rank=0)
     ```
     """
-    world.require()
+    ps = process_sets.view(process_set)
+    root = ps.set_rank_of(int(root_rank), "root_rank")
     variables = list(variables)
     if not variables:
-        return
+        return None if tf.executing_eagerly() else tf.no_op()
     values = [tf.convert_to_tensor(v) for v in variables]
     for v in values:
         check_dtype(v, "broadcast_variables", reducing=False)
     name = name or "HvdkerasBroadcastVariables"
     groups = ([i for i, v in enumerate(values) if v.dtype != tf.int32],
               [i for i, v in enumerate(values) if v.dtype == tf.int32])
+    assignments = []
     for suffix, indices in zip(("", ".int32"), groups):
         if not indices:
             continue
-        received = kernels.broadcast([values[i] for i in indices], int(root_rank), name + suffix)
+        received = kernels.broadcast([values[i] for i in indices], root, name + suffix,
+                                     ps.set_id)
         for i, value in zip(indices, received):
-            variables[i].assign(value)
+            assignments.append(variables[i].assign(value))
+    return None if tf.executing_eagerly() else tf.group(*assignments)
 
 
-def broadcast_(variables: Sequence, root_rank: int, name: Optional[str] = None) -> Sequence:
+def broadcast_global_variables(root_rank: int = 0) -> tf.Operation:
+    """TensorFlow 1 graph code: broadcasts `tf.compat.v1.global_variables()`.
+
+    Args:
+        root_rank: The rank whose values are kept.
+
+    Returns:
+        The op that assigns every global variable (run it in the session).
+
+    Raises:
+        RuntimeError: when executing eagerly, where global variables do not
+            exist; use `broadcast_variables(model.variables)` there.
+
+    Example:
+
+    ```python
+    with tf.compat.v1.Session() as sess:
+        sess.run(hvd.broadcast_global_variables(0))
+    ```
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError("hvdkeras.broadcast_global_variables() is for TensorFlow 1 graph "
+                           "code; eagerly, use hvdkeras.broadcast_variables(model.variables, "
+                           "root_rank) or the BroadcastGlobalVariablesCallback.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank,
+                               name="HvdkerasBroadcastGlobalVariables")
+
+
+def broadcast_(variables: Sequence, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> Sequence:
     """Horovod's in-place broadcast: `broadcast_variables`, returning `variables`.
 
     Args:
         variables: TensorFlow or Keras variables, in the same order on every rank.
         root_rank: The rank whose values are kept.
         name: Name that matches this call across ranks.
+        process_set: The `ProcessSet` whose ranks take part (default: all).
 
     Returns:
         `variables`, now holding the root's values.
@@ -97,5 +141,5 @@ def broadcast_(variables: Sequence, root_rank: int, name: Optional[str] = None) 
     hvd.broadcast_(model.trainable_variables, root_rank=0)
     ```
     """
-    broadcast_variables(variables, root_rank=root_rank, name=name)
+    broadcast_variables(variables, root_rank=root_rank, name=name, process_set=process_set)
     return variables

@@ -34,51 +34,59 @@ def one_consumer(outputs: List[tf.Tensor]) -> List[tf.Tensor]:
 
 
 def allreduce(tensors: List[tf.Tensor], op: int, prescale_factor: float,
-              postscale_factor: float, name: Optional[str]) -> List[tf.Tensor]:
+              postscale_factor: float, name: Optional[str],
+              process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused allreduce of tensors of one dtype."""
     graph_name, tensor_name = names(name, "HvdkerasAllreduce")
     return one_consumer(library.ops().hvdkeras_allreduce(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, tensor_name=tensor_name, name=graph_name,
+        postscale_factor=postscale_factor, tensor_name=tensor_name,
+        process_set_id=process_set_id, name=graph_name,
     ))
 
 
-def broadcast(tensors: List[tf.Tensor], root_rank: int,
-              name: Optional[str]) -> List[tf.Tensor]:
-    """One fused broadcast from `root_rank` (any mix of dtypes)."""
+def broadcast(tensors: List[tf.Tensor], root_rank: int, name: Optional[str],
+              process_set_id: int = 0) -> List[tf.Tensor]:
+    """One fused broadcast from `root_rank` (its position in the process set)."""
     graph_name, tensor_name = names(name, "HvdkerasBroadcast")
     return one_consumer(library.ops().hvdkeras_broadcast(
-        tensors, root_rank=root_rank, tensor_name=tensor_name, name=graph_name))
+        tensors, root_rank=root_rank, tensor_name=tensor_name,
+        process_set_id=process_set_id, name=graph_name))
 
 
-def allgather(tensors: List[tf.Tensor], name: Optional[str]) -> List[tf.Tensor]:
+def allgather(tensors: List[tf.Tensor], name: Optional[str],
+              process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused allgather of tensors of one dtype."""
     graph_name, tensor_name = names(name, "HvdkerasAllgather")
     return one_consumer(library.ops().hvdkeras_allgather(
-        tensors, tensor_name=tensor_name, name=graph_name))
+        tensors, tensor_name=tensor_name, process_set_id=process_set_id, name=graph_name))
 
 
 def reducescatter(tensors: List[tf.Tensor], op: int, prescale_factor: float,
-                  postscale_factor: float, name: Optional[str]) -> List[tf.Tensor]:
+                  postscale_factor: float, name: Optional[str],
+                  process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused reducescatter of tensors of one dtype."""
     graph_name, tensor_name = names(name, "HvdkerasReducescatter")
     return one_consumer(library.ops().hvdkeras_reducescatter(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, tensor_name=tensor_name, name=graph_name))
+        postscale_factor=postscale_factor, tensor_name=tensor_name,
+        process_set_id=process_set_id, name=graph_name))
 
 
-def alltoall(tensor: tf.Tensor, splits: tf.Tensor,
-             name: Optional[str]) -> Tuple[tf.Tensor, tf.Tensor]:
+def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str],
+             process_set_id: int = 0) -> Tuple[tf.Tensor, tf.Tensor]:
     """(rows received, rows received from each rank)."""
     graph_name, tensor_name = names(name, "HvdkerasAlltoall")
     output, received = library.ops().hvdkeras_alltoall(
-        tensor, splits, tensor_name=tensor_name, name=graph_name)
+        tensor, splits, tensor_name=tensor_name, process_set_id=process_set_id,
+        name=graph_name)
     return output, received
 
 
-def barrier(name: Optional[str]) -> None:
+def barrier(name: Optional[str], process_set_id: int = 0) -> None:
     graph_name, tensor_name = names(name, "HvdkerasBarrier")
-    library.ops().hvdkeras_barrier(tensor_name=tensor_name, name=graph_name)
+    library.ops().hvdkeras_barrier(tensor_name=tensor_name, process_set_id=process_set_id,
+                                   name=graph_name)
 
 
 def join(tensor_name: str) -> tf.Tensor:

@@ -11,17 +11,21 @@ import tensorflow as tf
 
 from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import not_converted
-from hvdkeras.engine import world
+from hvdkeras.engine import process_sets, world
+from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 
 JOIN_NAME = "hvdkeras.join"
 
 
 @not_converted
-def barrier(name: Optional[str] = None) -> None:
+def barrier(name: Optional[str] = None,
+            process_set: ProcessSet = global_process_set) -> None:
     """Blocks until every rank has called `barrier` (with the same name).
 
     Args:
         name: Name that matches this call across ranks.
+        process_set: The `ProcessSet` whose ranks wait for each other
+            (default: all ranks).
 
     Example:
 
@@ -31,8 +35,8 @@ def barrier(name: Optional[str] = None) -> None:
     hvd.barrier()
     ```
     """
-    world.require()
-    kernels.barrier(name)
+    ps = process_sets.view(process_set)
+    kernels.barrier(name, ps.set_id)
 
 
 @not_converted

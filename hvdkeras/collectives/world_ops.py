@@ -12,14 +12,10 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from hvdkeras.engine import world
+from hvdkeras.engine import process_sets, world
 
 
-def _as_tensor(value: Callable[[], int], process_set_id: int, name: Optional[str],
-               default_name: str) -> tf.Tensor:
-    if process_set_id != 0:
-        raise ValueError(f"process_set_id={process_set_id!r}: hvdkeras has only the global "
-                         "process set (id 0).")
+def _as_tensor(value: Callable[[], int], name: Optional[str], default_name: str) -> tf.Tensor:
     return tf.constant(value(), dtype=tf.int32, name=name or default_name)
 
 
@@ -27,7 +23,8 @@ def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """The number of ranks, as an int32 tensor (`hvdkeras.size()`).
 
     Args:
-        process_set_id: 0, the global process set.
+        process_set_id: A registered process set's id (0: all ranks), whose
+            size is returned.
         name: The op's name.
 
     Returns:
@@ -39,29 +36,30 @@ def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     total = tf.cast(hvd.size_op(), tf.float32) * loss
     ```
     """
-    return _as_tensor(world.size, process_set_id, name, "hvdkeras_size")
+    return _as_tensor(lambda: process_sets.set_size(process_set_id), name,
+                      "hvdkeras_size")
 
 
 def rank_op(name: Optional[str] = None) -> tf.Tensor:
     """This process's rank, as an int32 tensor (`hvdkeras.rank()`)."""
-    return _as_tensor(world.rank, 0, name, "hvdkeras_rank")
+    return _as_tensor(world.rank, name, "hvdkeras_rank")
 
 
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
     """The number of ranks on this host, as an int32 tensor."""
-    return _as_tensor(world.local_size, 0, name, "hvdkeras_local_size")
+    return _as_tensor(world.local_size, name, "hvdkeras_local_size")
 
 
 def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
     """This process's rank on its host, as an int32 tensor."""
-    return _as_tensor(world.local_rank, 0, name, "hvdkeras_local_rank")
+    return _as_tensor(world.local_rank, name, "hvdkeras_local_rank")
 
 
 def cross_size_op(name: Optional[str] = None) -> tf.Tensor:
     """The number of hosts with a rank of this local rank, as an int32 tensor."""
-    return _as_tensor(world.cross_size, 0, name, "hvdkeras_cross_size")
+    return _as_tensor(world.cross_size, name, "hvdkeras_cross_size")
 
 
 def cross_rank_op(name: Optional[str] = None) -> tf.Tensor:
     """This process's index among the ranks sharing its local rank, as an int32 tensor."""
-    return _as_tensor(world.cross_rank, 0, name, "hvdkeras_cross_rank")
+    return _as_tensor(world.cross_rank, name, "hvdkeras_cross_rank")

@@ -29,6 +29,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_vocabulary.restype = ctypes.c_char_p
     lib.hvdkeras_engine_stop.argtypes = []
     lib.hvdkeras_engine_stop.restype = None
+    lib.hvdkeras_process_set_start.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                               ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_process_set_start.restype = ctypes.c_int
+    lib.hvdkeras_process_set_stop.argtypes = [ctypes.c_int]
+    lib.hvdkeras_process_set_stop.restype = None
     lib.hvdkeras_engine_running.argtypes = []
     lib.hvdkeras_engine_running.restype = ctypes.c_int
     lib.hvdkeras_set_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -94,6 +99,23 @@ def start(lib: ctypes.CDLL, fortran_comm: int, config: Any) -> None:
                                    len(error))
     if rc != 0:
         raise RuntimeError(f"hvdkeras engine failed to start: {error.value.decode()}")
+
+
+def start_process_set(lib: ctypes.CDLL, set_id: int, fortran_comm: int, config: Any) -> None:
+    """Starts process set `set_id`'s engine on its communicator (Fortran handle).
+
+    Collective over the set's ranks; see Note [process set engines] in
+    ops/core/engine.h.
+
+    Raises:
+        RuntimeError: with the engine's reason, if it did not start.
+    """
+    error = ctypes.create_string_buffer(ERROR_CAPACITY)
+    rc = lib.hvdkeras_process_set_start(set_id, fortran_comm, settings_text(config).encode(),
+                                        error, len(error))
+    if rc != 0:
+        raise RuntimeError(f"hvdkeras process set {set_id} failed to start: "
+                           f"{error.value.decode()}")
 
 
 def build_flavor(lib: ctypes.CDLL) -> str:

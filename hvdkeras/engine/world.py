@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Any, Optional
 
-from hvdkeras.engine import c_api, failfast, library, tf_threads
+from hvdkeras.engine import c_api, failfast, library, process_sets as process_set_registry
+from hvdkeras.engine import tf_threads
 from hvdkeras.engine.config import (EXPECTED_SIZE, EngineConfig, engine_config_from_env,
                                     ignored_horovod_aliases)
 
@@ -77,7 +78,7 @@ def _check_expected_size(actual: int) -> None:
         )
 
 
-def init(comm: Any = None) -> None:
+def init(comm: Any = None, process_sets: Any = None) -> None:
     """Starts hvdkeras on this process. Call it once, on every rank, first.
 
     Builds the op library if this TensorFlow/MPI combination has none yet,
@@ -92,6 +93,9 @@ def init(comm: Any = None) -> None:
     Args:
         comm: An `mpi4py.MPI.Intracomm` to run on (default `COMM_WORLD`). The
             engine works on a duplicate, so the caller may keep using it.
+        process_sets: `ProcessSet`s to register now (Horovod's static process
+            sets), or "dynamic" (accepted for Horovod scripts: sets can always
+            be added later with `add_process_set`).
 
     Raises:
         ValueError: if an `HVDKERAS_*` knob has a bad value.
@@ -109,6 +113,7 @@ def init(comm: Any = None) -> None:
     global _world, _atexit_registered
     if _world is not None:
         return
+    process_set_registry.check_init_argument(process_sets)
     config = engine_config_from_env()
     threads_setting = tf_threads.parse_setting()
     from mpi4py import MPI  # lazy: importing it initializes MPI, which only init() may do
@@ -131,6 +136,7 @@ def init(comm: Any = None) -> None:
         )
     lib = library.handle()
     engine_comm = comm.Dup()
+    control_comm = comm.Dup()  # process set bookkeeping, never used by the engine thread
     local_comm = engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.Get_rank())
     cross_comm = engine_comm.Split(color=local_comm.Get_rank(), key=engine_comm.Get_rank())
     local_sizes = engine_comm.allgather(local_comm.Get_size())
@@ -138,7 +144,7 @@ def init(comm: Any = None) -> None:
     try:
         c_api.start(lib, engine_comm.py2f(), config)
     except RuntimeError:
-        for c in (cross_comm, local_comm, engine_comm):
+        for c in (cross_comm, local_comm, engine_comm, control_comm):
             c.Free()
         raise
     _world = _World(
@@ -151,9 +157,12 @@ def init(comm: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+    process_set_registry.open_registry(control_comm, _world.rank, _world.size, thread_level,
+                                       config, lib)
     if abort_on_error:
         # MPI_COMM_WORLD, not the engine's duplicate: every process of the job ends.
         failfast.install(MPI.COMM_WORLD.Abort, _world.rank, _world.size)
+    process_set_registry.register_at_init(process_sets)
     _announce_gpu_part(lib, _world.rank == 0)
     if _world.rank == 0:
         for line in ignored_horovod_aliases(os.environ):
@@ -212,6 +221,7 @@ def shutdown() -> None:
         return
     world, _world = _world, None
     failfast.uninstall()
+    process_set_registry.close_registry()
     library.handle().hvdkeras_engine_stop()
     for c in (world.cross_comm, world.local_comm, world.comm):
         c.Free()

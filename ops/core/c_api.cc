@@ -77,6 +77,28 @@ const char* hvdkeras_vocabulary() {
 
 void hvdkeras_engine_stop() { hvdkeras::Engine::Instance().Stop(); }
 
+// Starts process set `id` (> 0) on the communicator of its ranks, with the
+// same settings lines as hvdkeras_engine_start (see Note [process set
+// engines] in engine.h). Collective over the set. Returns 0 or 1 with a
+// message in `error`.
+int hvdkeras_process_set_start(int id, int fortran_comm, const char* settings, char* error,
+                               int error_capacity) {
+  hvdkeras::EngineConfig config;
+  hvdkeras::Status s = hvdkeras::ParseEngineSettings(settings ? settings : "", &config);
+  if (s.ok()) {
+    MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
+    s = hvdkeras::Engine::StartSet(id, comm, config);
+  }
+  if (!s.ok()) {
+    CopyText(s.message, error, error_capacity);
+    return 1;
+  }
+  return 0;
+}
+
+// Stops process set `id` on this rank (collective over the set).
+void hvdkeras_process_set_stop(int id) { hvdkeras::Engine::StopSet(id); }
+
 int hvdkeras_engine_running() { return hvdkeras::Engine::Instance().running() ? 1 : 0; }
 
 // Starts tracing to `path` (rank 0 writes), or stops it when path is empty.

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <mutex>
 
 #include "core/device.h"
 
@@ -25,11 +27,69 @@ constexpr int kBusyCyclesBeforeNap = 10;
 // itself), and the launcher names the rank that failed first rather than its
 // casualties. Change the wording in both places or neither.
 
+// Engines by process set id; see Note [process set engines]. Never
+// destroyed: they outlive atexit and any thread that looked one up.
+std::mutex registry_mutex;
+std::map<int, Engine*>& Registry() {
+  static auto* engines = new std::map<int, Engine*>();
+  return *engines;
+}
+
 }  // namespace
 
 Engine& Engine::Instance() {
-  static Engine* engine = new Engine();  // never destroyed: outlives atexit
-  return *engine;
+  static Engine* global = [] {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    Engine* engine = new Engine();
+    Registry()[0] = engine;
+    return engine;
+  }();
+  return *global;
+}
+
+Engine* Engine::ForSet(int id) {
+  if (id == 0) return &Instance();
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = Registry().find(id);
+  return it == Registry().end() ? nullptr : it->second;
+}
+
+Status Engine::StartSet(int id, MPI_Comm comm, const EngineConfig& config) {
+  if (id <= 0) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "process set ids above 0 name added sets; 0 is the global set");
+  }
+  Engine* engine = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    if (Registry().count(id)) {
+      return Status::Error(StatusCode::kPreconditionError,
+                           "process set " + std::to_string(id) + " is already running");
+    }
+    engine = new Engine();  // kept for good, see the note
+  }
+  EngineConfig set_config = config;
+  set_config.timeline_path.clear();  // the global set alone traces and tunes
+  set_config.autotune = false;
+  set_config.autotune_log.clear();
+  Status s = engine->Start(comm, set_config);
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  Registry()[id] = engine;
+  return Status::OK();
+}
+
+void Engine::StopSet(int id) {
+  if (id == 0) return;
+  Engine* engine = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto it = Registry().find(id);
+    if (it == Registry().end()) return;
+    engine = it->second;
+    Registry().erase(it);
+  }
+  engine->Stop();
 }
 
 Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {

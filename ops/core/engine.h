@@ -1,8 +1,22 @@
-// The background engine: one thread per process owns all communication.
-// Each cycle it takes the ops submitted since the last one, negotiates with
-// the other ranks which named ops are ready everywhere (negotiation.h), runs
-// them fused in one global order (executor.h) and completes them. The
-// pieces live in their own classes; this one owns the thread and the loop.
+// The background engine: one thread per process set owns all of that set's
+// communication. Each cycle it takes the ops submitted since the last one,
+// negotiates with the set's other ranks which named ops are ready everywhere
+// (negotiation.h), runs them fused in one global order (executor.h) and
+// completes them. The pieces live in their own classes; this one owns the
+// thread and the loop.
+//
+// Note [process set engines]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every process set is an Engine of its own: its communicator (the set's
+// ranks only), submission queue, negotiation, response cache, fusion buffer
+// and shared-memory window. Sets therefore negotiate independently, the same
+// op name may be in flight in two sets at once, and a set's collectives never
+// wait on ranks outside it. Set 0 is the global set, started by init(); the
+// others are started and stopped by every member together (Python's
+// hvdkeras/engine/process_sets.py decides ids and communicators, so the ids
+// agree across ranks). Only the global set traces, autotunes and joins. Engine
+// objects are never destroyed, so a submitting thread that looked one up
+// never holds a dangling pointer, even while its set is being removed.
 #pragma once
 
 #include <mpi.h>
@@ -27,7 +41,17 @@ namespace hvdkeras {
 
 class Engine {
  public:
+  // The global set's engine.
   static Engine& Instance();
+  // The engine of process set `id` on this rank; null when this rank is not
+  // a member or the set was removed.
+  static Engine* ForSet(int id);
+  // Starts process set `id` (> 0) on `comm`, the set's own communicator.
+  // Collective over the set's ranks. See Note [process set engines].
+  static Status StartSet(int id, MPI_Comm comm, const EngineConfig& config);
+  // Stops process set `id` on this rank (collective over the set, like
+  // Stop()); unknown ids are ignored.
+  static void StopSet(int id);
 
   // Starts the background thread on `comm` (owned by the caller, who frees
   // it after Stop()). Fails if already running. Collective.

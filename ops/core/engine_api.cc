@@ -57,9 +57,16 @@ Status PrepareDevice(PendingOp* op) {
   return Status::OK();
 }
 
-Status Queue(std::unique_ptr<PendingOp> op) {
+Status Queue(std::unique_ptr<PendingOp> op, int process_set) {
+  Engine* engine = Engine::ForSet(process_set);
+  if (engine == nullptr) {
+    return Status::Error(StatusCode::kPreconditionError,
+                         std::string(OpTypeName(op->request.op_type)) + " '" + op->request.name +
+                             "' names process set " + std::to_string(process_set) +
+                             ", which this rank is not a member of (or which was removed)");
+  }
   Status s = PrepareDevice(op.get());
-  if (s.ok()) s = Engine::Instance().Enqueue(std::move(op));
+  if (s.ok()) s = engine->Enqueue(std::move(op));
   if (!s.ok()) DiscardReadyEvents(op.get());  // a refused op stays ours
   return s;
 }
@@ -97,44 +104,47 @@ Status CheckNamed(const char* what, const std::string& name,
 }  // namespace
 
 Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
-                        double prescale, double postscale, DoneCallback done) {
+                        double prescale, double postscale, int process_set,
+                        DoneCallback done) {
   Status s = CheckReducible("allreduce", name, tensors, op);
   if (!s.ok()) return s;
   auto pending = MakeOp(name, OpType::kAllreduce, std::move(tensors), std::move(done));
   pending->request.reduce_op = op;
   pending->request.prescale = prescale;
   pending->request.postscale = postscale;
-  return Queue(std::move(pending));
+  return Queue(std::move(pending), process_set);
 }
 
 Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors, int root_rank,
-                        DoneCallback done) {
+                        int process_set, DoneCallback done) {
   Status s = CheckNamed("broadcast", name, tensors);
   if (!s.ok()) return s;
   auto pending = MakeOp(name, OpType::kBroadcast, std::move(tensors), std::move(done));
   pending->request.root_rank = root_rank;
-  return Queue(std::move(pending));
+  return Queue(std::move(pending), process_set);
 }
 
 Status EnqueueAllgather(const std::string& name, std::vector<TensorRef> tensors,
-                        DoneCallback done) {
+                        int process_set, DoneCallback done) {
   Status s = CheckNamed("allgather", name, tensors);
   if (!s.ok()) return s;
-  return Queue(MakeOp(name, OpType::kAllgather, std::move(tensors), std::move(done)));
+  return Queue(MakeOp(name, OpType::kAllgather, std::move(tensors), std::move(done)),
+               process_set);
 }
 
 Status EnqueueAlltoall(const std::string& name, TensorRef tensor, std::vector<int64_t> splits,
-                       DoneCallback done) {
+                       int process_set, DoneCallback done) {
   if (name.empty()) return Invalid("alltoall needs a non-empty name");
   std::vector<TensorRef> tensors;
   tensors.push_back(std::move(tensor));
   auto pending = MakeOp(name, OpType::kAlltoall, std::move(tensors), std::move(done));
   pending->request.splits = std::move(splits);
-  return Queue(std::move(pending));
+  return Queue(std::move(pending), process_set);
 }
 
 Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
-                            double prescale, double postscale, DoneCallback done) {
+                            double prescale, double postscale, int process_set,
+                            DoneCallback done) {
   Status s = CheckReducible("reducescatter", name, tensors, op);
   if (!s.ok()) return s;
   if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
@@ -145,19 +155,19 @@ Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tens
   pending->request.reduce_op = op;
   pending->request.prescale = prescale;
   pending->request.postscale = postscale;
-  return Queue(std::move(pending));
+  return Queue(std::move(pending), process_set);
 }
 
-Status EnqueueBarrier(const std::string& name, DoneCallback done) {
+Status EnqueueBarrier(const std::string& name, int process_set, DoneCallback done) {
   if (name.empty()) return Invalid("barrier needs a non-empty name");
-  return Queue(MakeOp(name, OpType::kBarrier, {}, std::move(done)));
+  return Queue(MakeOp(name, OpType::kBarrier, {}, std::move(done)), process_set);
 }
 
 Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallback done) {
   if (name.empty()) return Invalid("join needs a non-empty name");
   auto pending = MakeOp(name, OpType::kJoin, {}, std::move(done));
   pending->join_result = last_joined_rank;
-  return Queue(std::move(pending));
+  return Queue(std::move(pending), /*process_set=*/0);
 }
 
 bool EngineRunning() { return Engine::Instance().running(); }

@@ -58,34 +58,40 @@ using DoneCallback = std::function<void(const Status&)>;
 
 // Each Enqueue* returns an error (and does not call `done`) if the op cannot
 // be queued, e.g. the engine is not running or the name is already in use.
+// `process_set` names the set of ranks the op runs on (0: all ranks; see
+// Note [process set engines] in engine.h); ranks, sizes and splits are then
+// those of the set.
 
 // Allreduce of one or more tensors of one dtype, reduced in one fused call.
 Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
-                        double prescale, double postscale, DoneCallback done);
+                        double prescale, double postscale, int process_set,
+                        DoneCallback done);
 
 // Broadcast of one or more tensors (any dtypes) from root_rank.
 Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors, int root_rank,
-                        DoneCallback done);
+                        int process_set, DoneCallback done);
 
 // Allgather along the first dimension (which may differ per rank).
 Status EnqueueAllgather(const std::string& name, std::vector<TensorRef> tensors,
-                        DoneCallback done);
+                        int process_set, DoneCallback done);
 
 // Alltoall of one tensor: splits[r] rows go to rank r.
 Status EnqueueAlltoall(const std::string& name, TensorRef tensor, std::vector<int64_t> splits,
-                       DoneCallback done);
+                       int process_set, DoneCallback done);
 
 // Reduce (Sum or Average) then scatter the first dimension: rank r gets rows
 // [start_r, end_r), the first (rows % size) ranks one row more than the rest.
 Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
-                            double prescale, double postscale, DoneCallback done);
+                            double prescale, double postscale, int process_set,
+                            DoneCallback done);
 
 // Completes once every rank has submitted it.
-Status EnqueueBarrier(const std::string& name, DoneCallback done);
+Status EnqueueBarrier(const std::string& name, int process_set, DoneCallback done);
 
 // Marks this rank as joined: until every rank has joined, it takes part in
 // the others' collectives with neutral contributions. `last_joined_rank`
-// receives the rank that joined last.
+// receives the rank that joined last. Joining is global: there is no
+// process_set argument.
 Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallback done);
 
 bool EngineRunning();

@@ -136,6 +136,10 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     // See Note [collective names] in hvdkeras/collectives/common.py.
     OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
     if (tensor_name_.empty()) tensor_name_ = name();
+    // Every collective but join names its process set (0: all ranks).
+    if (c->HasAttr("process_set_id")) {
+      OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_));
+    }
   }
 
   // ComputeAsync only describes the tensors and queues them for the engine;
@@ -172,6 +176,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   // How many leading inputs are data tensors (the rest are parameters).
   virtual int num_data_inputs(tf::OpKernelContext* ctx) const { return ctx->num_inputs(); }
   std::string tensor_name_;
+  int process_set_ = 0;
 };
 
 class AllreduceKernel : public CollectiveKernel {
@@ -194,7 +199,7 @@ class AllreduceKernel : public CollectiveKernel {
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
     return EnqueueAllreduce(tensor_name_, std::move(refs), reduce_op_, prescale_, postscale_,
-                            std::move(finish));
+                            process_set_, std::move(finish));
   }
   ReduceOp reduce_op() const { return reduce_op_; }
   double prescale() const { return prescale_; }
@@ -215,7 +220,8 @@ class BroadcastKernel : public CollectiveKernel {
  protected:
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
-    return EnqueueBroadcast(tensor_name_, std::move(refs), root_rank_, std::move(finish));
+    return EnqueueBroadcast(tensor_name_, std::move(refs), root_rank_, process_set_,
+                            std::move(finish));
   }
 
  private:
@@ -232,7 +238,7 @@ class AllgatherKernel : public CollectiveKernel {
   }
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
-    return EnqueueAllgather(tensor_name_, std::move(refs), std::move(finish));
+    return EnqueueAllgather(tensor_name_, std::move(refs), process_set_, std::move(finish));
   }
 };
 
@@ -247,7 +253,7 @@ class ReducescatterKernel : public AllreduceKernel {
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
     return EnqueueReducescatter(tensor_name_, std::move(refs), reduce_op(), prescale(),
-                                postscale(), std::move(finish));
+                                postscale(), process_set_, std::move(finish));
   }
 };
 
@@ -277,7 +283,8 @@ class AlltoallKernel : public CollectiveKernel {
       auto values = out->flat<int64_t>();
       for (size_t i = 0; i < received.size(); ++i) values(i) = received[i];
     };
-    return EnqueueAlltoall(tensor_name_, std::move(refs[0]), std::move(splits), std::move(finish));
+    return EnqueueAlltoall(tensor_name_, std::move(refs[0]), std::move(splits), process_set_,
+                           std::move(finish));
   }
 };
 
@@ -288,7 +295,7 @@ class BarrierKernel : public CollectiveKernel {
  protected:
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef>,
                 hvdkeras::DoneCallback finish) override {
-    return EnqueueBarrier(tensor_name_, std::move(finish));
+    return EnqueueBarrier(tensor_name_, process_set_, std::move(finish));
   }
 };
 
