@@ -15,7 +15,8 @@ training code and the top-level package. It imports `hvdkeras.engine`.
 """
 
 from hvdkeras.collectives import gradients  # noqa: F401  (registers the gradients)
-from hvdkeras.collectives.broadcasting import broadcast, broadcast_, broadcast_variables
+from hvdkeras.collectives.broadcasting import (broadcast, broadcast_, broadcast_global_variables,
+                                               broadcast_variables)
 from hvdkeras.collectives.gather_scatter import (allgather, alltoall, grouped_allgather,
                                                  grouped_reducescatter, reducescatter)
 from hvdkeras.collectives.objects import allgather_object, broadcast_object
@@ -27,7 +28,8 @@ from hvdkeras.engine.types import Average, Max, Min, Product, Sum
 
 __all__ = [
     "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_variables",
+    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
+    "broadcast_object", "broadcast_variables",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter",
     "size_op", "rank_op", "local_size_op", "local_rank_op", "cross_size_op", "cross_rank_op",
 ]

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from hvdkeras.engine import library
-from hvdkeras.engine.types import REDUCE_OP_NAMES, Average, Sum
+from hvdkeras.engine.types import ALL_REDUCE_OP_NAMES, Average, Sum
 
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
 
@@ -41,9 +41,10 @@ def resolve_op(op: Optional[int], average: Optional[bool]) -> int:
         op = Average if average else Sum
     if op is None:
         op = Average
-    if op not in REDUCE_OP_NAMES:
+    if op not in ALL_REDUCE_OP_NAMES:
         raise ValueError(
-            f"Unknown reduction op {op!r}: use hvdkeras.Sum, Average, Min, Max or Product."
+            f"Unknown reduction op {op!r}: use hvdkeras.Sum, Average, Min, Max, Product or "
+            "Adasum."
         )
     return op
 

@@ -5,7 +5,7 @@ What may import this module: `hvdkeras.collectives` and the layers above it.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import cloudpickle
 import numpy as np
@@ -13,16 +13,26 @@ import tensorflow as tf
 
 from hvdkeras.collectives.broadcasting import broadcast
 from hvdkeras.collectives.gather_scatter import allgather
-from hvdkeras.engine import world
+from hvdkeras.engine import process_sets
+from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 
 
-def _require_eager(what: str) -> None:
-    if not tf.executing_eagerly():
-        raise RuntimeError(f"hvdkeras.{what} works on Python objects and must run eagerly, "
-                           "not inside a tf.function.")
+def _evaluator(what: str, session: Any) -> Callable[[tf.Tensor], np.ndarray]:
+    """How to get a collective's value now: eagerly, or through a TF1 session.
+
+    Inside a `tf.function` there is no Python value to return: RuntimeError.
+    """
+    if tf.executing_eagerly():
+        return lambda t: t.numpy()
+    session = session or tf.compat.v1.get_default_session()
+    if session is None:
+        raise RuntimeError(f"hvdkeras.{what} works on Python objects: call it eagerly (or in "
+                           "TensorFlow 1 graph code with a session), not inside a tf.function.")
+    return session.run
 
 
-def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None) -> Any:
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set, session: Any = None) -> Any:
     """Sends a picklable object from `root_rank` to every rank.
 
     Args:
@@ -30,6 +40,9 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
             Any size: it travels as one byte tensor.
         root_rank: The rank whose object everyone receives.
         name: Name that matches this call across ranks.
+        process_set: The `ProcessSet` whose ranks take part (default: all).
+        session: For TensorFlow 1 graph code: the session that runs the
+            broadcast (default: the default session).
 
     Returns:
         The root's object, unpickled on every rank (the root gets `obj` back).
@@ -40,25 +53,31 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     config = hvd.broadcast_object(load_config() if hvd.rank() == 0 else None)
     ```
     """
-    world.require()
-    _require_eager("broadcast_object")
+    ps = process_sets.view(process_set)
+    value = _evaluator("broadcast_object", session)
     base = name or "HvdkerasBroadcastObject"
-    is_root = world.rank() == root_rank
+    is_root = ps.ranks[ps.set_rank] == root_rank
     payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8) if is_root else None
     length = broadcast(tf.constant([payload.size if is_root else 0], tf.int64), root_rank,
-                       name=f"{base}.length")
+                       name=f"{base}.length", process_set=process_set)
+    length = value(length)
     if not is_root:
-        payload = np.zeros(int(length.numpy()[0]), np.uint8)
-    data = broadcast(tf.constant(payload), root_rank, name=f"{base}.data")
-    return obj if is_root else cloudpickle.loads(data.numpy().tobytes())
+        payload = np.zeros(int(length[0]), np.uint8)
+    data = value(broadcast(tf.constant(payload), root_rank, name=f"{base}.data",
+                           process_set=process_set))
+    return obj if is_root else cloudpickle.loads(data.tobytes())
 
 
-def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set,
+                     session: Any = None) -> List[Any]:
     """Gathers one picklable object from every rank onto every rank.
 
     Args:
         obj: This rank's object (any size).
         name: Name that matches this call across ranks.
+        process_set: The `ProcessSet` whose ranks take part (default: all).
+        session: For TensorFlow 1 graph code, as in `broadcast_object`.
 
     Returns:
         A list with every rank's object, in rank order.
@@ -69,12 +88,13 @@ def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
     counts = hvd.allgather_object(len(my_shard))
     ```
     """
-    world.require()
-    _require_eager("allgather_object")
+    process_sets.view(process_set)
+    value = _evaluator("allgather_object", session)
     base = name or "HvdkerasAllgatherObject"
     payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
-    lengths = allgather(tf.constant([payload.size], tf.int64), name=f"{base}.lengths").numpy()
-    data = allgather(tf.constant(payload), name=f"{base}.data").numpy()
+    lengths = value(allgather(tf.constant([payload.size], tf.int64), name=f"{base}.lengths",
+                              process_set=process_set))
+    data = value(allgather(tf.constant(payload), name=f"{base}.data", process_set=process_set))
     out, offset = [], 0
     for n in lengths:
         out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))

@@ -13,35 +13,60 @@ import tensorflow as tf
 
 from hvdkeras.collectives.common import scale_values
 from hvdkeras.collectives.gather_scatter import grouped_allgather_mixed
-from hvdkeras.engine import world
-from hvdkeras.engine.types import REDUCE_OP_NAMES, Average, Sum
+from hvdkeras.engine.process_sets import SetView
+from hvdkeras.engine.types import ALL_REDUCE_OP_NAMES, Average, Sum
 
 
-def gather_slices(slices: Sequence[tf.IndexedSlices], name: str) -> List[tf.IndexedSlices]:
+def gather_slices(slices: Sequence[tf.IndexedSlices], name: str,
+                  process_set_id: int = 0) -> List[tf.IndexedSlices]:
     """Every rank's rows of each `tf.IndexedSlices`, concatenated (unscaled).
 
     All values and indices travel in one fused allgather per dtype.
     """
     gathered = grouped_allgather_mixed(
-        [s.values for s in slices] + [s.indices for s in slices], name=name)
+        [s.values for s in slices] + [s.indices for s in slices], name=name,
+        process_set_id=process_set_id)
     return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape)
             for s, v, i in zip(slices, gathered[:len(slices)], gathered[len(slices):])]
 
 
-def sparse_scale(op: int, prescale_factor: float, postscale_factor: float) -> float:
-    """The factor applied to gathered rows: duplicates add up, so Sum is 1."""
+def sparse_scale(op: int, prescale_factor: float, postscale_factor: float,
+                 set_size: int) -> float:
+    """The factor applied to gathered rows: duplicates add up, so Sum is 1.
+
+    Min, Max and Product have no meaning for rows that are concatenated, not
+    combined: NotImplementedError, as in Horovod.
+    """
     if op not in (Sum, Average):
-        raise ValueError(f"allreduce of tf.IndexedSlices supports Sum and Average, not "
-                         f"{REDUCE_OP_NAMES[op]}; densify with tf.convert_to_tensor first.")
+        raise NotImplementedError(
+            f"allreduce of tf.IndexedSlices supports Sum and Average, not "
+            f"{ALL_REDUCE_OP_NAMES[op]}; densify with tf.convert_to_tensor first.")
     scale = prescale_factor * postscale_factor
-    return scale / world.size() if op == Average else scale
+    return scale / set_size if op == Average else scale
 
 
 def allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, prescale_factor: float,
-                             postscale_factor: float,
-                             name: Optional[str]) -> tf.IndexedSlices:
+                             postscale_factor: float, name: Optional[str],
+                             ps: SetView) -> tf.IndexedSlices:
     """Sum/Average of sparse rows: every rank's rows, concatenated (duplicates add up)."""
-    scale = sparse_scale(op, prescale_factor, postscale_factor)
-    gathered = gather_slices([slices], name or "HvdkerasSparseAllreduce")[0]
-    return tf.IndexedSlices(scale_values(gathered.values, scale), gathered.indices,
-                            dense_shape=gathered.dense_shape)
+    return allreduce_slices_group([slices], op, prescale_factor, postscale_factor,
+                                  name or "HvdkerasSparseAllreduce", ps)[0]
+
+
+def allreduce_slices_group(slices: Sequence[tf.IndexedSlices], op: int, prescale_factor: float,
+                           postscale_factor: float, name: str,
+                           ps: SetView) -> List[tf.IndexedSlices]:
+    """`allreduce_indexed_slices` of several slices, gathered in one fused op per dtype.
+
+    An Average of integer rows comes back as float64 (true division, as in
+    Horovod); a cast back would round every row to zero or one.
+    """
+    scale = sparse_scale(op, prescale_factor, postscale_factor, ps.size)
+    out = []
+    for gathered in gather_slices(slices, name, ps.set_id):
+        values = gathered.values
+        if scale != 1.0 and values.dtype.is_integer:
+            values = tf.cast(values, tf.float64)
+        out.append(tf.IndexedSlices(scale_values(values, scale), gathered.indices,
+                                    dense_shape=gathered.dense_shape))
+    return out

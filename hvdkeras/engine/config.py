@@ -34,6 +34,10 @@ EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"
 # Whether a rank's uncaught exception ends the job with MPI_Abort (default 1).
 # See Note [abort, not finalize] in hvdkeras/engine/failfast.py.
 ABORT_ON_ERROR = "HVDKERAS_ABORT_ON_ERROR"
+# How the gradients of allgather, broadcast and reducescatter are scaled:
+# see Note [collective gradient conventions] in hvdkeras/collectives/gradients.py.
+COLLECTIVE_GRADIENTS = "HVDKERAS_COLLECTIVE_GRADIENTS"
+COLLECTIVE_GRADIENT_CONVENTIONS = ("exact", "horovod")
 
 # Horovod's names for the same knobs, in the same units: a Horovod user's
 # environment (HorovodRunner's documented HOROVOD_TIMELINE among them) keeps
@@ -163,6 +167,16 @@ def parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
     if raw in ("1", "true", "yes", "on"):
         return True
     raise ValueError(f"{key}={env[key]!r} is not a boolean; use 1 or 0.")
+
+
+def collective_gradients(env: Optional[Mapping[str, str]] = None) -> str:
+    """The convention in `HVDKERAS_COLLECTIVE_GRADIENTS`: "exact" (default) or "horovod"."""
+    env = os.environ if env is None else env
+    value = env.get(COLLECTIVE_GRADIENTS, "exact").strip().lower() or "exact"
+    if value not in COLLECTIVE_GRADIENT_CONVENTIONS:
+        raise ValueError(f"{COLLECTIVE_GRADIENTS}={env.get(COLLECTIVE_GRADIENTS)!r}: use one of "
+                         f"{', '.join(COLLECTIVE_GRADIENT_CONVENTIONS)}.")
+    return value
 
 
 def source_of(env: Mapping[str, str], key: str) -> str:

@@ -26,6 +26,12 @@ Product = 5
 REDUCE_OP_NAMES: Dict[int, str] = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max",
                                    Product: "Product"}
 
+# Adasum keeps Horovod's number but never reaches the engine: it is computed
+# from an allgather in Python (hvdkeras/collectives/adasum.py), so it is not
+# in the wire vocabulary.
+Adasum = 2
+ALL_REDUCE_OP_NAMES: Dict[int, str] = {**REDUCE_OP_NAMES, Adasum: "Adasum"}
+
 
 @dataclasses.dataclass(frozen=True)
 class DType:

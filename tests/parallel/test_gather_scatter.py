@@ -110,10 +110,25 @@ def test_grouped_allgather(dtype, mode):
 
 
 def test_grouped_allgather_of_nothing_and_mixed_dtypes():
-    """An empty group is a no-op; mixed dtypes are a TypeError before anything is sent."""
+    """An empty group is a no-op; mixed dtypes travel in one fused op per dtype."""
     assert hvd.grouped_allgather([]) == []
-    with pytest.raises(TypeError, match="one dtype"):
-        hvd.grouped_allgather([tf.ones([1]), tf.ones([1], tf.int32)])
+    a, b = hvd.grouped_allgather([tf.fill([1], float(WORLD_RANK)),
+                                  tf.fill([2], WORLD_RANK)], name="gag_mixed")
+    assert_exact(a, np.arange(WORLD_SIZE, dtype=np.float32))
+    assert_exact(b, np.repeat(np.arange(WORLD_SIZE, dtype=np.int32), 2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alltoall_without_splits_needs_equal_blocks(mode):
+    """Horovod's rule: without splits the rows must divide evenly, else every
+    rank gets InvalidArgumentError (nothing is sent)."""
+    if WORLD_SIZE == 1:
+        pytest.skip("every number of rows is a multiple of one rank")
+    x = tf.zeros([WORLD_SIZE + 1, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="multiple of the"):
+        run(mode, lambda t: hvd.alltoall(t, name="a2a_uneven_default"), x)
+    out = hvd.alltoall(tf.fill([WORLD_SIZE], WORLD_RANK), name="a2a_after_error")
+    assert_exact(out, np.arange(WORLD_SIZE, dtype=np.int32))
 
 
 def test_allgather_rejects_scalars():
@@ -129,15 +144,14 @@ SPLIT_PATTERNS = {
     "uneven": lambda s, d: s + 2 * d + 1,
     "with_zeros": lambda s, d: (s + 2 * d) % 3,  # every rank sends nothing to someone
     "rank0_sends_nothing": lambda s, d: 0 if s == 0 else d + 1,
-    "default": None,  # hvd.alltoall's even split of 2*s + 3 rows
+    "default": None,  # hvd.alltoall's equal blocks of (s + 1) * size rows
 }
 
 
 def splits_of(name: str, sender: int) -> list[int]:
     fn = SPLIT_PATTERNS[name]
     if fn is None:
-        rows = 2 * sender + 3
-        return [rows // WORLD_SIZE + (1 if d < rows % WORLD_SIZE else 0) for d in RANKS]
+        return [sender + 1] * WORLD_SIZE
     return [fn(sender, d) for d in RANKS]
 
 
@@ -158,8 +172,9 @@ def a2a_expected(name: str, trailing, dtype, receiver: int = WORLD_RANK):
 
 
 def run_alltoall(mode: str, name: str, x: tf.Tensor, op_name: str = "a2a"):
-    if SPLIT_PATTERNS[name] is None:
-        return run(mode, lambda t: hvd.alltoall(t, name=op_name), x)
+    if SPLIT_PATTERNS[name] is None:  # Horovod's convention: the tensor alone comes back
+        out = run(mode, lambda t: hvd.alltoall(t, name=op_name), x)
+        return out, np.array([splits_of(name, s)[WORLD_RANK] for s in RANKS], np.int64)
     splits = tf.constant(splits_of(name, WORLD_RANK), tf.int64)
     return run(mode, lambda t, s: hvd.alltoall(t, splits=s, name=op_name), x, splits)
 
@@ -344,9 +359,34 @@ def test_indexed_slices_allreduce_scaled():
 
 @pytest.mark.parametrize("bad_op", (hvd.Min, hvd.Max, hvd.Product))
 def test_indexed_slices_other_ops_are_errors(bad_op):
+    """Horovod's contract: NotImplementedError, before anything is sent."""
     slices = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([0]), dense_shape=tf.constant([4, 3]))
-    with pytest.raises(ValueError, match="densify"):
+    with pytest.raises(NotImplementedError, match="densify"):
         hvd.allreduce(slices, op=bad_op)
+    with pytest.raises(NotImplementedError, match="densify"):
+        hvd.grouped_allreduce([tf.ones([2]), slices], op=bad_op)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_indexed_slices_in_a_group_and_integer_average(mode):
+    """grouped_allreduce takes slices beside dense tensors; an Average of
+    integer rows is float64 (true division), as in Horovod."""
+    rows = tf.IndexedSlices(tf.fill([1, 2], WORLD_RANK + 1), tf.constant([WORLD_RANK]),
+                            dense_shape=tf.constant([WORLD_SIZE, 2]))
+
+    def body(dense, values, indices):
+        out = hvd.grouped_allreduce([dense, tf.IndexedSlices(values, indices,
+                                                              tf.constant([WORLD_SIZE, 2]))],
+                                    op=hvd.Average, name="group_sparse")
+        return out[0], out[1].values, out[1].indices
+
+    dense, values, indices = run(mode, body, tf.fill([3], float(WORLD_RANK)), rows.values,
+                                 rows.indices)
+    assert_exact(dense, np.full(3, (WORLD_SIZE - 1) / 2, np.float32), "dense")
+    assert values.dtype == tf.float64
+    assert_exact(values, np.repeat(np.arange(1, WORLD_SIZE + 1)[:, None], 2, axis=1)
+                 / WORLD_SIZE, "values")
+    assert_exact(indices, np.arange(WORLD_SIZE, dtype=np.int32), "indices")
 
 
 # ---------------------------------------------------------------- barrier
@@ -455,7 +495,7 @@ def test_alltoall_gradient(splits, mode):
     def body(tape, x, c):
         tape.watch(x)
         if SPLIT_PATTERNS[splits] is None:
-            y, _ = hvd.alltoall(x, name="grad_a2a")
+            y = hvd.alltoall(x, name="grad_a2a")
         else:
             y, _ = hvd.alltoall(x, splits=splits_of(splits, WORLD_RANK), name="grad_a2a")
         return y, tape.gradient(tf.reduce_sum(c * y), x)
