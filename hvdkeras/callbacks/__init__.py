@@ -9,6 +9,7 @@ It imports `hvdkeras.training`, `hvdkeras.collectives`, `hvdkeras.gpu` and
 `hvdkeras.engine`.
 """
 
+from hvdkeras.callbacks.best_model import BestModelCheckpoint
 from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback
 from hvdkeras.callbacks.checkpoint import CheckpointCallback
 from hvdkeras.callbacks.gpu_stats import GPUStatsCallback
@@ -18,7 +19,7 @@ from hvdkeras.callbacks.metric_average import MetricAverageCallback
 from hvdkeras.callbacks.standard import standard_callbacks
 
 __all__ = [
-    "BroadcastGlobalVariablesCallback", "CheckpointCallback", "GPUStatsCallback",
+    "BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "CheckpointCallback", "GPUStatsCallback",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "MetricAverageCallback", "standard_callbacks",
 ]

@@ -65,11 +65,16 @@ def save_model_atomic(model: Any, path: str, resume_state: Optional[dict] = None
 
 def write_json_atomic(path: str, data: Any) -> None:
     """Writes `data` as JSON to `path` through a temporary file and a rename."""
+    write_bytes_atomic(path, json.dumps(data).encode())
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Writes `data` to `path` through a temporary file and a rename."""
     directory, name = os.path.split(os.path.abspath(path))
     temporary = os.path.join(directory, temporary_name(name, str(os.getpid())))
     try:
-        with open(temporary, "w") as f:
-            json.dump(data, f)
+        with open(temporary, "wb") as f:
+            f.write(data)
         _publish(temporary, path)
     except BaseException:
         if os.path.exists(temporary):

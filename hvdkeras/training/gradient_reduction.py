@@ -13,18 +13,19 @@ What may import this module: the rest of `hvdkeras.training`.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence, Tuple
+from typing import AbstractSet, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from hvdkeras.collectives.common import scale_values
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.collectives.sparse import gather_slices, sparse_scale
-from hvdkeras.engine import world
-from hvdkeras.engine.types import Average, Max, Min, Product, Sum
+from hvdkeras.engine import process_sets
+from hvdkeras.engine.process_sets import ProcessSet, SetView, global_process_set
+from hvdkeras.engine.types import Adasum, Average, Max, Min, Product, Sum
 from hvdkeras.collectives.compression import Compression, Compressor
 
-_SUPPORTED_OPS = {Average: "Average", Sum: "Sum"}
+_SUPPORTED_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,10 @@ class ReductionSettings:
         groups: Explicit groups, as tuples of variables; gradients of
             variables not listed form one final group.
         name: Prefix of the collective names (must be the same on all ranks).
+        process_set: The ranks the gradients are reduced over.
+        scale_local_gradients: Divide the gradients of local variables
+            (`register_local_var`), which are not reduced, by the process
+            set's size, as Horovod does.
     """
 
     op: int = Average
@@ -52,8 +57,13 @@ class ReductionSettings:
     num_groups: int = 0
     groups: Optional[Tuple[Tuple, ...]] = None
     name: str = "DistributedGradients"
+    process_set: ProcessSet = global_process_set
+    scale_local_gradients: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.process_set, ProcessSet):
+            raise TypeError(f"process_set must be an hvdkeras.ProcessSet, got "
+                            f"{type(self.process_set).__name__}.")
         validate_settings(self.op, self.compression, self.gradient_predivide_factor,
                           self.num_groups, self.groups)
 
@@ -65,7 +75,7 @@ def validate_settings(op: int, compression: Compressor, gradient_predivide_facto
         known = {Min: "Min", Max: "Max", Product: "Product"}
         label = known.get(op, repr(op))
         raise ValueError(
-            f"Gradients can be reduced with op=hvdkeras.Average or hvdkeras.Sum, got {label}. "
+            f"Gradients can be reduced with op=hvdkeras.Average, Sum or Adasum, got {label}. "
             "Use Average for the usual data-parallel semantics."
         )
     if not isinstance(compression, Compressor):
@@ -175,17 +185,19 @@ def _densify(gradient) -> tf.Tensor:
     return gradient
 
 
-def _reduce_group(tensors: List[tf.Tensor], settings: ReductionSettings, name: str) -> List[tf.Tensor]:
+def _reduce_group(tensors: List[tf.Tensor], settings: ReductionSettings, name: str,
+                  ps: SetView) -> List[tf.Tensor]:
     wire_op, prescale, postscale = scale_factors(
-        settings.op, settings.gradient_predivide_factor, world.size())
+        settings.op, settings.gradient_predivide_factor, ps.size)
     packed = [settings.compression.compress(t) for t in tensors]
     reduced = grouped_allreduce([p[0] for p in packed], name=name, op=wire_op,
-                                prescale_factor=prescale, postscale_factor=postscale)
+                                prescale_factor=prescale, postscale_factor=postscale,
+                                process_set=settings.process_set)
     return [settings.compression.decompress(r, p[1]) for r, p in zip(reduced, packed)]
 
 
 def reduce_indexed_slices(slices: List[tf.IndexedSlices], settings: ReductionSettings,
-                          name: str) -> List[tf.IndexedSlices]:
+                          name: str, ps: SetView) -> List[tf.IndexedSlices]:
     """Reduces `tf.IndexedSlices` gradients (e.g. from `Embedding`) sparsely.
 
     Every rank's values and indices are gathered (one fused allgather per
@@ -196,26 +208,35 @@ def reduce_indexed_slices(slices: List[tf.IndexedSlices], settings: ReductionSet
     slice before summing repeats, so a densified reduction would differ.
     """
     wire_op, prescale, postscale = scale_factors(
-        settings.op, settings.gradient_predivide_factor, world.size())
-    scale = sparse_scale(wire_op, prescale, postscale)
+        settings.op, settings.gradient_predivide_factor, ps.size)
+    scale = sparse_scale(wire_op, prescale, postscale, ps.size)
     packed = [settings.compression.compress(s.values) for s in slices]
     gathered = gather_slices([tf.IndexedSlices(p[0], s.indices, dense_shape=s.dense_shape)
-                              for s, p in zip(slices, packed)], name)
+                              for s, p in zip(slices, packed)], name, ps.set_id)
     return [tf.IndexedSlices(scale_values(settings.compression.decompress(g.values, p[1]), scale),
                              g.indices, dense_shape=g.dense_shape)
             for g, p in zip(gathered, packed)]
 
 
+def _scale_local(gradient, size: int):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values / size, gradient.indices, gradient.dense_shape)
+    return gradient / size
+
+
 def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
-                     variables: Optional[Sequence] = None) -> List:
+                     variables: Optional[Sequence] = None,
+                     local_ids: AbstractSet[int] = frozenset()) -> List:
     """Reduces every gradient across ranks; None stays None.
 
     Args:
         gradients: Gradients (tensors, `tf.IndexedSlices` or None), in the
             same order on every rank.
         settings: A `ReductionSettings`.
-        variables: The variables the gradients belong to (needed only when
-            `settings.groups` lists variables).
+        variables: The variables the gradients belong to (needed when
+            `settings.groups` lists variables, or with `local_ids`).
+        local_ids: `id()`s of local variables, whose gradients are kept
+            (scaled by 1/size with `settings.scale_local_gradients`).
 
     Returns:
         A list like `gradients` with the reduced values.
@@ -223,6 +244,13 @@ def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
     gradients = list(gradients)
     result: List = [None] * len(gradients)
     present = [i for i, g in enumerate(gradients) if g is not None]
+    ps = process_sets.view(settings.process_set)
+    if local_ids and variables is not None:
+        local = [i for i in present if id(variables[i]) in local_ids]
+        for i in local:
+            result[i] = (_scale_local(gradients[i], ps.size) if settings.scale_local_gradients
+                         else gradients[i])
+        present = [i for i in present if i not in set(local)]
     if not present:
         return result
     if not settings.sparse_as_dense:
@@ -230,7 +258,7 @@ def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
         present = [i for i in present if not isinstance(gradients[i], tf.IndexedSlices)]
         if sparse:
             reduced = reduce_indexed_slices([gradients[i] for i in sparse], settings,
-                                            f"{settings.name}_sparse")
+                                            f"{settings.name}_sparse", ps)
             for i, r in zip(sparse, reduced):
                 result[i] = r
     explicit = None
@@ -241,7 +269,7 @@ def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
     planned = plan_groups(present, settings.num_groups, explicit)
     for number, positions in enumerate(planned):
         name = settings.name if len(planned) == 1 else f"{settings.name}_{number}"
-        reduced = _reduce_group([_densify(gradients[i]) for i in positions], settings, name)
+        reduced = _reduce_group([_densify(gradients[i]) for i in positions], settings, name, ps)
         for i, r in zip(positions, reduced):
             result[i] = r
     return result

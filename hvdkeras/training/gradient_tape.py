@@ -6,18 +6,25 @@ What may import this module: the top-level package.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Iterable, Optional, Sequence, Set
 
 import tensorflow as tf
 
+from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
 from hvdkeras.training import guards
 from hvdkeras.collectives.compression import Compression, Compressor
 from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
+from hvdkeras.training.optimizer import local_layer_variables
 
 
 class _DistributedTapeMixin:
     _hvdkeras_reduction: ReductionSettings
+    _hvdkeras_local_ids: Set[int]
+
+    def register_local_source(self, source) -> None:
+        """Keeps `source`'s gradient local (not reduced; see `scale_local_gradients`)."""
+        self._hvdkeras_local_ids.add(id(source))
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
@@ -26,7 +33,8 @@ class _DistributedTapeMixin:
         guards.check_not_in_xla()
         flat_sources = tf.nest.flatten(sources)
         flat_gradients = tf.nest.flatten(gradients)
-        reduced = reduce_gradients(flat_gradients, self._hvdkeras_reduction, flat_sources)
+        reduced = reduce_gradients(flat_gradients, self._hvdkeras_reduction, flat_sources,
+                                   self._hvdkeras_local_ids)
         return tf.nest.pack_sequence_as(gradients, reduced)
 
 
@@ -50,7 +58,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape,
                             groups: Optional[Sequence[Sequence[Any]]] = None,
                             name: str = "DistributedGradientTape",
                             device_dense: str = "",
-                            device_sparse: str = "") -> tf.GradientTape:
+                            device_sparse: str = "",
+                            process_set: ProcessSet = global_process_set,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
     """Makes `gradtape.gradient()` average the gradients across ranks.
 
     The tape is converted in place and returned, so it stays a
@@ -61,7 +71,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape,
     Args:
         gradtape: The `tf.GradientTape` to convert.
         compression, sparse_as_dense, op, gradient_predivide_factor,
-            num_groups, groups: As in `hvdkeras.DistributedOptimizer`.
+            num_groups, groups, process_set, scale_local_gradients: As in
+            `hvdkeras.DistributedOptimizer` (local sources are registered with
+            `tape.register_local_source(v)`).
         name: Prefix of the collective names (the same on every rank).
         device_dense, device_sparse: Accepted for Horovod scripts and not
             used: hvdkeras places its reductions itself.
@@ -89,7 +101,38 @@ def DistributedGradientTape(gradtape: tf.GradientTape,
         op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
         gradient_predivide_factor=float(gradient_predivide_factor), num_groups=num_groups,
         groups=None if groups is None else tuple(tuple(g) for g in groups), name=name,
+        process_set=process_set, scale_local_gradients=bool(scale_local_gradients),
     )
     gradtape.__class__ = _distributed_tape_class(type(gradtape))
     gradtape._hvdkeras_reduction = settings
+    gradtape._hvdkeras_local_ids = set()
     return gradtape
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape,
+                                   local_layers: Optional[Iterable[Any]] = None,
+                                   scale_local_gradients: bool = True,
+                                   **kwargs: Any) -> tf.GradientTape:
+    """A `DistributedGradientTape` that leaves the gradients of `local_layers` unreduced.
+
+    Args:
+        gradtape: The `tf.GradientTape` to convert.
+        local_layers: A Keras layer or list of layers whose variables' gradients stay local.
+        scale_local_gradients: Divide local gradients by the process set's size.
+        **kwargs: Any other `DistributedGradientTape` argument.
+
+    Returns:
+        The converted tape.
+
+    Example:
+
+    ```python
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[head])
+    ```
+    """
+    local_vars = local_layer_variables(local_layers)
+    tape = DistributedGradientTape(gradtape, scale_local_gradients=scale_local_gradients,
+                                   **kwargs)
+    for var in local_vars:
+        tape.register_local_source(var)
+    return tape

@@ -17,12 +17,13 @@ and the top-level package.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Optional, Sequence, Set, Union
 
 import keras
 import tensorflow as tf
 
 from hvdkeras import compat
+from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
 from hvdkeras.training import guards
 from hvdkeras.collectives.compression import Compression, Compressor
@@ -35,6 +36,13 @@ class _DistributedOptimizerMixin:
 
     _hvdkeras_reduction: ReductionSettings
     _hvdkeras_accumulator: Optional[LocalGradientAccumulator]
+    _hvdkeras_local_ids: Set[int]
+
+    def register_local_var(self, var) -> None:
+        """Keeps `var`'s gradient local: it is not reduced across ranks
+        (and is divided by the process set's size when the optimizer was
+        made with `scale_local_gradients=True`, as in Horovod)."""
+        self._hvdkeras_local_ids.add(id(var))
 
     def build(self, variables):
         guards.check_not_inside_loss_scale_optimizer(self)
@@ -54,7 +62,8 @@ class _DistributedOptimizerMixin:
             return self._hvdkeras_apply_accumulated(grads, variables)
         reduced = reduce_gradients(grads, self._hvdkeras_reduction,
                                    variables if variables is not None
-                                   else compat.optimizer_variables_built_for(self))
+                                   else compat.optimizer_variables_built_for(self),
+                                   self._hvdkeras_local_ids)
         return super().apply(reduced, variables)
 
     def _hvdkeras_apply_accumulated(self, grads, variables):
@@ -75,13 +84,14 @@ class _DistributedOptimizerMixin:
         present = [k for k, g in enumerate(grads) if g is not None]
         base_apply = super().apply
         settings = self._hvdkeras_reduction
+        local_ids = self._hvdkeras_local_ids
 
         def update():
             summed = accumulator.values([positions[k] for k in present])
             full = [None] * len(grads)
             for k, value in zip(present, summed):
                 full[k] = value
-            base_apply(reduce_gradients(full, settings, variables), variables)
+            base_apply(reduce_gradients(full, settings, variables, local_ids), variables)
             accumulator.reset([positions[k] for k in present])
             return None
 
@@ -141,7 +151,9 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          num_groups: int = 0,
                          groups: Optional[Sequence[Sequence[Any]]] = None,
                          device_dense: str = "",
-                         device_sparse: str = "") -> keras.optimizers.Optimizer:
+                         device_sparse: str = "",
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer average gradients across all ranks.
 
     Gradients are reduced at the top of `Optimizer.apply`, before the
@@ -188,6 +200,11 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         device_dense, device_sparse: Accepted for Horovod scripts and not
             used: hvdkeras places its reductions itself (GPU tensors on the
             GPU, others on the CPU).
+        process_set: Reduce over this `ProcessSet`'s ranks only (default:
+            all ranks); Average divides by its size.
+        scale_local_gradients: Divide the gradients of variables registered
+            with `optimizer.register_local_var(v)` (not reduced) by the
+            process set's size (Horovod's default).
 
     Returns:
         The distributed optimizer.
@@ -222,7 +239,8 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
         gradient_predivide_factor=float(gradient_predivide_factor), num_groups=num_groups,
         groups=None if groups is None else tuple(tuple(g) for g in groups),
-        name=name or f"{optimizer.name}_gradients",
+        name=name or f"{optimizer.name}_gradients", process_set=process_set,
+        scale_local_gradients=bool(scale_local_gradients),
     )
     if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(optimizer, lso_class):
         optimizer = lso_class(optimizer)
@@ -235,4 +253,56 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer._hvdkeras_reduction = settings
     optimizer._hvdkeras_accumulator = accumulator
+    optimizer._hvdkeras_local_ids = set()
+    return optimizer
+
+
+def local_layer_variables(local_layers: Any) -> list:
+    """The trainable variables of `local_layers` (one Keras layer or several)."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    bad = [type(layer).__name__ for layer in local_layers
+           if not isinstance(layer, keras.layers.Layer)]
+    if bad:
+        raise ValueError(f"local_layers must be Keras layers; got {', '.join(bad)}.")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
+def PartialDistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
+                                name: Optional[str] = None,
+                                local_layers: Optional[Iterable[Any]] = None,
+                                scale_local_gradients: bool = True,
+                                **kwargs: Any) -> keras.optimizers.Optimizer:
+    """A `DistributedOptimizer` that leaves the gradients of `local_layers` unreduced.
+
+    For layers each rank trains on its own (a per-rank head, a
+    model-parallel shard): their gradients stay local, divided by the
+    process set's size unless `scale_local_gradients=False`, as in Horovod.
+
+    Args:
+        optimizer: As in `DistributedOptimizer`.
+        name: As in `DistributedOptimizer`.
+        local_layers: A Keras layer or list of layers whose trainable
+            variables stay local. Build them first (their variables must exist).
+        scale_local_gradients: Divide local gradients by the set's size.
+        **kwargs: Any other `DistributedOptimizer` argument.
+
+    Returns:
+        The distributed optimizer.
+
+    Example:
+
+    ```python
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1),
+                                          local_layers=[model.get_layer("head")])
+    ```
+    """
+    local_vars = local_layer_variables(local_layers)
+    optimizer = DistributedOptimizer(optimizer, name=name,
+                                     scale_local_gradients=scale_local_gradients, **kwargs)
+    for var in local_vars:
+        optimizer.register_local_var(var)
     return optimizer

@@ -45,6 +45,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             if kwargs.get(unsupported):
                 raise ValueError(f"SyncBatchNormalization does not take {unsupported}=True: it "
                                  "synchronizes through hvdkeras; use the plain arguments.")
+        # Keras 2's fused kernel: Horovod's layer forced it off, and Keras 3
+        # has no such argument, so False (or None) is accepted and dropped.
+        if kwargs.pop("fused", None):
+            raise ValueError("SyncBatchNormalization has no fused kernel; drop fused=True.")
         super().__init__(**kwargs)
 
     def _reduced_axes(self, rank: int) -> list:
