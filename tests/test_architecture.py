@@ -36,8 +36,11 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.runner": {"hvdkeras.engine.config", "hvdkeras.engine.failfast"},  # both stdlib-only
     "hvdkeras.recipes": {"hvdkeras.callbacks", "hvdkeras.training", "hvdkeras.collectives",
                          "hvdkeras.gpu", "hvdkeras.engine", "hvdkeras.runner"},
-    "hvdkeras.spark": {"hvdkeras.runner", "hvdkeras.engine"},
+    # The estimator's training function runs on the ranks: Keras training.
+    "hvdkeras.spark": {"hvdkeras.runner", "hvdkeras.engine", "hvdkeras.training",
+                       "hvdkeras.callbacks"},
     "hvdkeras.migrate": set(),  # standard library only
+    "hvdkeras.elastic": {"hvdkeras.callbacks", "hvdkeras.training"},
     "hvdkeras.cli": {"hvdkeras"},
     "hvdkeras": {"hvdkeras"},
 }

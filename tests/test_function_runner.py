@@ -112,7 +112,38 @@ def test_a_failing_rank_ends_the_job_while_another_computes():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="callable"):
         hvdkeras.run("not a function")
-    with pytest.raises(ValueError, match="np must be"):
+    with pytest.raises(ValueError, match="np must be a non-zero whole number"):
         hvdkeras.Runner(0)
     with pytest.raises(ValueError, match="timeout"):
         hvdkeras.run(print, np=1, timeout=0)
+    with pytest.raises(ValueError, match="no Gloo"):
+        hvdkeras.run(print, np=1, use_gloo=True)
+    with pytest.raises(ValueError, match="always runs on MPI"):
+        hvdkeras.run(print, np=1, use_mpi=False)
+    with pytest.raises(ValueError, match="not both"):
+        hvdkeras.run(print, np=1, output_dir="a", output_filename="b")
+    with pytest.raises(ValueError, match="driver_log_verbosity"):
+        hvdkeras.Runner(-2, driver_log_verbosity="loud")
+
+
+def test_horovod_runner_placement_rule():
+    """HorovodRunner: np > 0 on Spark (when there is one), np < 0 local."""
+    from hvdkeras.spark.horovod_runner import runner_placement
+
+    assert runner_placement(4, spark_active=True) == ("spark", 4)
+    assert runner_placement(4, spark_active=False) == ("local", 4)
+    assert runner_placement(-3, spark_active=True) == ("local", 3)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="np must be"):
+            runner_placement(bad, spark_active=False)
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
+def test_horovod_run_returns_every_rank_and_negative_np_runs_locally():
+    def whoami(suffix=""):
+        from mpi4py import MPI
+
+        return f"{MPI.COMM_WORLD.Get_rank()}{suffix}"
+
+    assert hvdkeras.run(whoami, np=2, timeout=JOB_TIMEOUT) == ["0", "1"]
+    assert hvdkeras.Runner(-2, timeout=JOB_TIMEOUT).run(whoami, suffix="!") == "0!"

@@ -85,6 +85,21 @@ def test_spark_run_allreduces_the_ranks(spark, monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
+def test_horovod_runner_with_positive_np_runs_on_spark(spark):
+    """HorovodRunner's rule: with a SparkContext, Runner(np > 0) uses Spark tasks."""
+    import hvdkeras
+
+    def where(tag):
+        import os
+
+        import hvdkeras as hvd
+        return tag, hvd.rank(), os.environ.get("HVDKERAS_SPARK_INDEX")
+
+    assert hvdkeras.Runner(2, timeout=JOB_TIMEOUT).run(where, tag="t") == ("t", 0, "0")
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(JOB_TIMEOUT + 120)
 def test_spark_rank_exception_surfaces_with_its_traceback(spark):
     import hvdkeras
@@ -143,3 +158,96 @@ def test_driver_service_listens_on_the_driver_address_only():
     with Service(new_secret(), lambda kind, fields: None,
                  host=service_bind_address("localhost")) as service:
         assert service.address[0] == "127.0.0.1"
+
+
+def _digits_frame(spark):
+    from pyspark.ml.feature import VectorAssembler
+
+    path = os.path.join(hvdkeras_package_dir(), "data", "digits.parquet")
+    frame = spark.read.parquet(path)
+    pixels = [c for c in frame.columns if c.startswith("p")]
+    return VectorAssembler(inputCols=pixels, outputCol="features").transform(frame) \
+        .select("features", "label")
+
+
+def hvdkeras_package_dir() -> str:
+    import hvdkeras
+    return os.path.dirname(os.path.abspath(hvdkeras.__file__))
+
+
+def _digits_estimator(store, num_proc, batch_size, epochs, shuffle=True, validation=None):
+    import keras
+
+    from hvdkeras.spark.keras import KerasEstimator
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    return KerasEstimator(model=model, optimizer=keras.optimizers.SGD(0.05),
+                          loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                          feature_cols=["features"], label_cols=["label"],
+                          batch_size=batch_size, epochs=epochs, store=store, num_proc=num_proc,
+                          shuffle=shuffle, validation=validation, random_seed=1, verbose=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * JOB_TIMEOUT)
+def test_keras_estimator_trains_on_a_dataframe_and_predicts(spark, tmp_path):
+    """fit(df) on 2 Spark tasks from a Parquet copy in the store; the returned
+    Transformer adds predictions and keeps the other columns (vectors too)."""
+    import numpy as np
+
+    from hvdkeras.spark.keras import Store
+
+    df = _digits_frame(spark)
+    store = Store.create(str(tmp_path / "store"))
+    estimator = _digits_estimator(store, num_proc=2, batch_size=32, epochs=15,
+                                  validation=0.1)
+    model = estimator.fit(df)
+    assert os.path.exists(store.get_checkpoint_path(model.run_id))
+    assert set(model.getHistory()) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert model.getHistory()["loss"][-1] < model.getHistory()["loss"][0]
+    predicted = model.setOutputCols(["label_prob"]).transform(df)
+    assert predicted.columns == ["features", "label", "label_prob"]
+    rows = predicted.collect()
+    assert len(rows) == 1797 and len(rows[0]["features"]) == 64
+    accuracy = np.mean([int(np.argmax(r["label_prob"])) == r["label"] for r in rows])
+    assert accuracy > 0.9, accuracy
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * JOB_TIMEOUT)
+def test_keras_estimator_two_ranks_equal_one_process_on_the_global_batch(spark, tmp_path):
+    """Without shuffling, 2 ranks of batch 16 train exactly as 1 rank of batch 32."""
+    import keras
+    import numpy as np
+
+    from hvdkeras.spark.keras import Store
+
+    df = _digits_frame(spark).repartition(1)  # one Parquet file: one row order
+    weights = []
+    for num_proc, batch in ((1, 32), (2, 16)):
+        store = Store.create(str(tmp_path / f"store{num_proc}"))
+        model = _digits_estimator(store, num_proc, batch, epochs=2, shuffle=False).fit(df)
+        weights.append(keras.models.load_model(model.model_path).get_weights())
+    for single, pair in zip(*weights):
+        np.testing.assert_allclose(pair, single, rtol=1e-4, atol=1e-6)
+
+
+def test_keras_estimator_rejects_bad_arguments(tmp_path):
+    _pyspark()
+    import keras
+
+    from hvdkeras.spark.keras import KerasEstimator, Store
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    good = dict(model=model, optimizer=keras.optimizers.SGD(), loss="mse",
+                feature_cols=["x"], label_cols=["y"], store=Store.create(str(tmp_path)))
+    with pytest.raises(ValueError, match="needs a Keras 3 model"):
+        KerasEstimator(**{**good, "model": "model"})
+    with pytest.raises(ValueError, match="store=Store.create"):
+        KerasEstimator(**{**good, "store": str(tmp_path)})
+    with pytest.raises(ValueError, match="validation must be a fraction"):
+        KerasEstimator(**good, validation=2)
+    with pytest.raises(ValueError, match="hdfs:// is not supported"):
+        Store.create("hdfs://namenode/runs")

@@ -7,9 +7,10 @@
   `HVDKERAS_*` variables), `mpi_env` (finding the right mpiexec) and `cli`
   (the `hvdkerasrun` command line).
 * `rank_shim`: the wrapper every rank runs (by path, standard library only).
-* `function_runner` (`run(fn, args, kwargs, np=2)`, `Runner(np).run(fn)`):
-  a Python function on N fresh processes, with `run_task` and `task_files`
-  on the ranks' side; results come back to the caller.
+* `function_runner` (`run(fn, args, kwargs, np=2)`): a Python function on N
+  fresh processes, with `run_task` and `task_files` on the ranks' side;
+  results come back to the caller. HorovodRunner's `Runner(np)`, which may
+  use Spark, lives in `hvdkeras.spark.horovod_runner`.
 * `service`: the authenticated socket service the Spark runner uses.
 
 What may import it: `hvdkeras.spark`, the recipes' launching code, the CLI and
@@ -17,9 +18,9 @@ the top-level package. It imports only `hvdkeras.engine.config` of hvdkeras,
 and neither TensorFlow nor mpi4py: `hvdkerasrun` starts at once.
 """
 
-from hvdkeras.runner.function_runner import RankFailedError, Runner, run
+from hvdkeras.runner.function_runner import RankFailedError, run
 from hvdkeras.runner.launch import launch_job
 from hvdkeras.runner.mpi_env import LauncherError
 from hvdkeras.runner.restart import JobResult
 
-__all__ = ["JobResult", "LauncherError", "RankFailedError", "Runner", "launch_job", "run"]
+__all__ = ["JobResult", "LauncherError", "RankFailedError", "launch_job", "run"]

@@ -1,10 +1,10 @@
 """`hvdkeras.run(fn, ...)` and `Runner(np).run(fn, **kwargs)`: a function on N processes.
 
-HorovodRunner's meaning: `fn` and its arguments are cloudpickled into a
-fresh temporary directory, `launch` starts ``python -m
-hvdkeras.runner.run_task DIR`` on N ranks, `fn` runs on each (it calls
-`hvdkeras.init()` itself, like any hvdkeras script), and the results come
-back: rank 0's by default, every rank's with ``return_all=True``. An
+`fn` and its arguments are cloudpickled into a fresh temporary directory,
+`launch` starts ``python -m hvdkeras.runner.run_task DIR`` on N ranks, `fn`
+runs on each (it calls `hvdkeras.init()` itself, like any hvdkeras script),
+and the results come back: every rank's from `run` (as `horovod.run`
+returns them), rank 0's from `Runner.run` (as HorovodRunner does). An
 exception on any rank is raised here as `RankFailedError`, with that rank's
 traceback in the message and the original exception as ``__cause__``.
 """
@@ -77,12 +77,32 @@ def raise_rank_error(error: dict, size: int, exit_code: int = 1) -> None:
                           remote_traceback=error["traceback"], exit_code=exit_code) from exception
 
 
+def _check_horovod_options(use_mpi: Optional[bool], use_gloo: Optional[bool],
+                           verbose: Any) -> None:
+    """Horovod's transport switches: hvdkeras always runs on MPI."""
+    if use_gloo:
+        raise ValueError("use_gloo=True: hvdkeras runs on MPI only (no Gloo); drop the "
+                         "argument or pass use_mpi=True.")
+    if use_mpi is False:
+        raise ValueError("use_mpi=False: hvdkeras always runs on MPI; drop the argument.")
+    if verbose is not None and (isinstance(verbose, bool) or not isinstance(verbose, int)
+                                or verbose < 0):
+        raise ValueError(f"verbose must be an integer >= 0, got {verbose!r}.")
+
+
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, np: int = 2,
         hosts: Optional[str] = None, hostfile: Optional[str] = None,
-        env: Optional[dict[str, str]] = None, return_all: bool = False,
+        env: Optional[dict[str, str]] = None, return_all: bool = True,
         output_dir: Optional[str] = None, prefix_output: bool = True,
-        work_dir: Optional[str] = None, timeout: Optional[float] = None) -> Any:
+        work_dir: Optional[str] = None, timeout: Optional[float] = None,
+        min_np: Optional[int] = None, max_np: Optional[int] = None,
+        executable: Optional[str] = None, output_filename: Optional[str] = None,
+        use_mpi: Optional[bool] = None, use_gloo: Optional[bool] = None,
+        verbose: Optional[int] = None) -> Any:
     """Runs ``fn(*args, **kwargs)`` on `np` fresh processes under MPI.
+
+    `horovod.run`'s contract: the result is the list of every rank's return
+    value, in rank order.
 
     Args:
         fn: Any callable cloudpickle can ship (closures and lambdas included).
@@ -90,31 +110,53 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, np: in
         args, kwargs: Its arguments (pickled once, the same for every rank).
         np: Number of ranks.
         hosts, hostfile, env, output_dir, prefix_output: as for `launch`.
-        return_all: Return a list with every rank's result (rank order)
-            instead of rank 0's alone.
+        return_all: False returns rank 0's result alone.
         work_dir: Where the per-call temporary directory goes (default: the
             system temp dir). Across hosts it must be a path every host sees.
         timeout: Seconds after which every rank is ended and RankFailedError
             raised (default: none).
+        min_np, max_np: Elastic restarts, as for `launch`.
+        executable: The Python interpreter the ranks run (default: this one).
+        output_filename: Horovod's name for `output_dir`.
+        use_mpi, use_gloo, verbose: Horovod's switches; hvdkeras always uses
+            MPI (use_gloo=True or use_mpi=False is an error) and always
+            reports a failing rank, so `verbose` is accepted and unused.
 
     Returns:
-        Rank 0's return value, or the list of all ranks' with `return_all`.
+        Every rank's return value, in rank order (rank 0's with
+        ``return_all=False``).
 
     Raises:
         RankFailedError: a rank raised (its traceback is in the message) or died.
         ValueError: bad arguments (see `launch`).
+
+    Example:
+
+    ```python
+    def train(lr):
+        import hvdkeras as hvd
+        hvd.init()
+        return hvd.rank()
+    assert hvdkeras.run(train, args=(0.1,), np=2) == [0, 1]
+    ```
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}.")
+    _check_horovod_options(use_mpi, use_gloo, verbose)
+    if output_filename is not None and output_dir is not None:
+        raise ValueError("Pass output_dir or Horovod's output_filename, not both.")
+    output_dir = output_dir if output_dir is not None else output_filename
     task_dir = tempfile.mkdtemp(prefix="hvdkeras-run-", dir=work_dir)
     try:
         with open(os.path.join(task_dir, task_files.TASK_FILE), "wb") as f:
             cloudpickle.dump((fn, tuple(args), dict(kwargs or {}), bool(return_all)), f)
         rank_env = dict(env or {})
         rank_env["PYTHONPATH"] = _pythonpath(rank_env.get("PYTHONPATH") or os.environ.get("PYTHONPATH"))
-        job = launch_job([sys.executable, "-m", "hvdkeras.runner.run_task", task_dir], np,
+        job = launch_job([executable or sys.executable, "-m", "hvdkeras.runner.run_task",
+                          task_dir], np,
                          hosts=hosts, hostfile=hostfile, env=rank_env, output_dir=output_dir,
-                         prefix_output=prefix_output, timeout=timeout)
+                         prefix_output=prefix_output, timeout=timeout, min_np=min_np,
+                         max_np=max_np)
         errors = _load_errors(task_dir)
         if errors:
             raise_rank_error(errors[0], np, job.exit_code or 1)
@@ -140,21 +182,3 @@ def _rank_of(failure: Optional[dict]) -> Optional[int]:
         return int(failure["rank"]) if failure else None
     except (KeyError, ValueError):
         return None
-
-
-class Runner:
-    """HorovodRunner-style front end: ``Runner(np=2).run(fn, **kwargs)``.
-
-    Keyword arguments of the constructor (hosts, hostfile, env, output_dir,
-    prefix_output, work_dir, return_all, timeout) are passed on to `run`.
-    """
-
-    def __init__(self, np: int = 2, **options: Any) -> None:
-        if isinstance(np, bool) or not isinstance(np, int) or np < 1:
-            raise ValueError(f"np must be a whole number >= 1, got {np!r}.")
-        self.np = np
-        self.options = options
-
-    def run(self, fn: Callable, **kwargs: Any) -> Any:
-        """Runs ``fn(**kwargs)`` on `np` ranks; returns rank 0's result (see `run`)."""
-        return run(fn, kwargs=kwargs, np=self.np, **self.options)
