@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 # Public modules, by the name they have here.
 _PUBLIC_MODULES: Dict[str, str] = {
     "callbacks": "hvdkeras.callbacks",
+    "elastic": "hvdkeras.elastic",
     "schedules": "hvdkeras.training.schedules",
     "runner": "hvdkeras.runner",
     "recipes": "hvdkeras.recipes",
@@ -33,6 +34,9 @@ _PUBLIC: Dict[str, str] = {
         ("init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
          "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
          "start_timeline", "stop_timeline", "engine_config"), "hvdkeras.engine.world"),
+    # Process sets.
+    **dict.fromkeys(("ProcessSet", "add_process_set", "remove_process_set",
+                     "global_process_set"), "hvdkeras.engine.process_sets"),
     # What it was built with, under Horovod's names.
     **dict.fromkeys(
         ("mpi_built", "mpi_enabled", "nccl_built", "cuda_built", "gloo_built", "gloo_enabled",
@@ -40,16 +44,20 @@ _PUBLIC: Dict[str, str] = {
     # GPUs.
     "pin_gpu": "hvdkeras.gpu.pin",
     # Reductions.
-    **dict.fromkeys(("Average", "Sum", "Min", "Max", "Product"), "hvdkeras.engine.types"),
+    **dict.fromkeys(("Average", "Sum", "Min", "Max", "Product", "Adasum"),
+                    "hvdkeras.engine.types"),
     # Collectives.
     **dict.fromkeys(
         ("allreduce", "grouped_allreduce", "broadcast", "broadcast_", "broadcast_variables",
+         "broadcast_global_variables",
          "allgather",
          "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "barrier",
          "join", "allgather_object", "broadcast_object", "size_op", "rank_op", "local_size_op",
          "local_rank_op", "cross_size_op", "cross_rank_op"), "hvdkeras.collectives"),
     # Keras training.
     "DistributedOptimizer": "hvdkeras.training.optimizer",
+    "PartialDistributedOptimizer": "hvdkeras.training.optimizer",
+    "PartialDistributedGradientTape": "hvdkeras.training.gradient_tape",
     "is_distributed": "hvdkeras.training.optimizer",
     "DistributedGradientTape": "hvdkeras.training.gradient_tape",
     "Compression": "hvdkeras.collectives.compression",
@@ -64,7 +72,7 @@ _PUBLIC: Dict[str, str] = {
     "scale_lr": "hvdkeras.training.schedules",
     # Launching.
     "run": "hvdkeras.runner.function_runner",
-    "Runner": "hvdkeras.runner.function_runner",
+    "Runner": "hvdkeras.spark.horovod_runner",
     "RankFailedError": "hvdkeras.runner.function_runner",
     "launch": "hvdkeras.runner.launch",
     # YAML recipes.
@@ -91,9 +99,10 @@ def __dir__() -> List[str]:
 
 
 if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
-    from hvdkeras import callbacks, recipes, runner
+    from hvdkeras import callbacks, elastic, recipes, runner
     from hvdkeras.collectives import (allgather, allgather_object, allreduce, alltoall, barrier,
-                                      broadcast, broadcast_, broadcast_object, broadcast_variables,
+                                      broadcast, broadcast_, broadcast_global_variables,
+                                      broadcast_object, broadcast_variables,
                                       cross_rank_op, cross_size_op, grouped_allgather,
                                       grouped_allreduce, grouped_reducescatter, join,
                                       local_rank_op, local_size_op, rank_op, reducescatter,
@@ -101,7 +110,9 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras.engine.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built,
                                               gloo_enabled, mlsl_built, mpi_built, mpi_enabled,
                                               nccl_built, rocm_built)
-    from hvdkeras.engine.types import Average, Max, Min, Product, Sum
+    from hvdkeras.engine.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                              remove_process_set)
+    from hvdkeras.engine.types import Adasum, Average, Max, Min, Product, Sum
     from hvdkeras.engine.world import (cross_rank, cross_size, engine_config, init,
                                        is_homogeneous, is_initialized, local_rank, local_size,
                                        mpi_threads_supported, rank, shutdown, size,
@@ -109,17 +120,20 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras.gpu.pin import pin_gpu
     from hvdkeras.recipes import load_recipe
     from hvdkeras.recipes.validation import RecipeError
-    from hvdkeras.runner.function_runner import RankFailedError, Runner, run
+    from hvdkeras.runner.function_runner import RankFailedError, run
+    from hvdkeras.spark.horovod_runner import Runner
     from hvdkeras.runner.launch import launch
     from hvdkeras.training import schedules
     from hvdkeras.training.checkpoint_restore import (TrainingPosition, restore_from_checkpoint,
                                                       restore_training_position)
     from hvdkeras.training.checkpoint_writing import save_model_atomic
     from hvdkeras.collectives.compression import Compression
-    from hvdkeras.training.gradient_tape import DistributedGradientTape
+    from hvdkeras.training.gradient_tape import (DistributedGradientTape,
+                                                 PartialDistributedGradientTape)
     from hvdkeras.training.model_loading import load_model
     from hvdkeras.training.model_sync import broadcast_model
     from hvdkeras.training.sync_batch_norm import SyncBatchNormalization
-    from hvdkeras.training.optimizer import DistributedOptimizer, is_distributed
+    from hvdkeras.training.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
+                                             is_distributed)
     from hvdkeras.training.output import fit_verbose
     from hvdkeras.training.schedules import scale_lr

@@ -21,22 +21,18 @@ from hvdkeras.migrate.edits import Edit, Locator, apply
 HOROVOD_MODULES = {"horovod.tensorflow.keras": "hvdkeras", "horovod.keras": "hvdkeras",
                    "horovod.tensorflow": "hvdkeras",
                    "horovod.tensorflow.keras.callbacks": "hvdkeras.callbacks",
-                   "horovod.keras.callbacks": "hvdkeras.callbacks"}
+                   "horovod.keras.callbacks": "hvdkeras.callbacks",
+                   "horovod.spark": "hvdkeras.spark",
+                   "horovod.spark.keras": "hvdkeras.spark.keras",
+                   "horovod.spark.common.store": "hvdkeras.spark.store",
+                   "horovod.spark.common.backend": "hvdkeras.spark.keras"}
 OPTIMIZER_CLASSES = {"SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "Nadam", "RMSprop",
                      "Ftrl", "Lion", "Adafactor"}
 # Horovod names hvdkeras does not offer (yet or at all), with what to do instead.
 NOT_IN_HVDKERAS = {
-    "broadcast_global_variables": "TensorFlow 2 has no global variables: use "
+    "broadcast_global_variables": "TensorFlow 1 graph code only (eagerly it raises): use "
                                   "hvd.callbacks.BroadcastGlobalVariablesCallback(0) or "
                                   "hvd.broadcast_model(model)",
-    "PartialDistributedOptimizer": "not offered; use hvd.DistributedOptimizer",
-    "elastic": "use hvdkerasrun --min-np/--max-np (restart-based elastic training)",
-    "ProcessSet": "process sets are not offered; collectives run on all ranks",
-    "add_process_set": "process sets are not offered; collectives run on all ranks",
-    "remove_process_set": "process sets are not offered; collectives run on all ranks",
-    "global_process_set": "process sets are not offered; leave out process_set=",
-    "Adasum": "not offered; use op=hvd.Average",
-    "BestModelCheckpoint": "use hvd.callbacks.CheckpointCallback(dir, save_best_only=True)",
 }
 _TF1_SESSION = {"get_session", "set_session", "Session", "ConfigProto"}
 
@@ -104,6 +100,10 @@ class _Rules(ast.NodeVisitor):
                 self.keras_import_after = self.keras_import_after or node.end_lineno
             elif alias.name == "keras" and alias.asname is None:
                 self.has_keras_import = True
+            elif alias.name == "horovod" and alias.asname is None and len(node.names) == 1:
+                # `horovod.run(...)`: the top-level names hvdkeras has too.
+                self.hvd_names.add("horovod")
+                self.replace(node, "import hvdkeras as horovod", "import horovod -> hvdkeras")
             elif alias.name in HOROVOD_MODULES or alias.name == "horovod":
                 if len(node.names) > 1 or alias.asname is None:
                     self.note(node, f"'import {alias.name}' without 'as' (or with other modules): "

@@ -42,7 +42,7 @@ def one_step(prefix: str, fused) -> None:
           np.concatenate([np.full((k + 1, 2), k, np.int32) for k in range(size)]), "gather")
     check(hvd.broadcast(tf.fill([5], r + 7), root_rank=0, name=f"{prefix}bcast"),
           np.full(5, 7, np.int32), "bcast")
-    out, _ = hvd.alltoall(tf.fill([size * 2], r), name=f"{prefix}alltoall")
+    out = hvd.alltoall(tf.fill([size * 2], r), name=f"{prefix}alltoall")
     check(out, np.repeat(np.arange(size, dtype=np.int32), 2), "alltoall")
     hvd.reducescatter(tf.ones([size * 2, 3]), op=hvd.Sum, name=f"{prefix}rs")
     if fused is not None:

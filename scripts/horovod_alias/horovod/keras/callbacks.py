@@ -1,0 +1,2 @@
+"""horovod.keras.callbacks: hvdkeras.callbacks."""
+from hvdkeras.callbacks import *  # noqa: F401,F403
