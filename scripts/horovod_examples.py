@@ -5,13 +5,18 @@
 
 Each example is copied from Horovod's repository (not part of this one),
 rewritten by `hvdkeras migrate` (no hand edits), and run with `hvdkerasrun
--np N`. Where an example downloads MNIST, this machine may have no network:
-a stand-in file is made from hvdkeras's bundled 8x8 digits (each scaled to
-24x24 and centred in 28x28, repeated to MNIST's 60,000 + 10,000 images),
-and `keras.datasets.mnist.load_data` reads it instead (a `sitecustomize`
-on the ranks' PYTHONPATH installs that one replacement; nothing else is
-changed). The synthetic benchmarks get small command-line sizes, since this
-machine is a 2-core CPU.
+-np N` (the Spark example with plain `python`, on `local[N]` Spark). Where an
+example downloads MNIST, this machine may have no network: a stand-in is
+made from hvdkeras's bundled 8x8 digits (each scaled to 24x24 and centred in
+28x28, drawn at random to MNIST's 60,000 + 10,000 images). The Keras
+examples' `keras.datasets.mnist.load_data` reads it (a `sitecustomize` on
+the ranks' PYTHONPATH installs that one replacement; nothing else is
+changed); the Spark example finds it as the `mnist.bz2` LIBSVM file it would
+otherwise fetch with wget (12,000 images: the file is text). The synthetic
+benchmarks and the Spark example get small sizes on their command lines,
+since this machine is a 2-core CPU. The Spark example's TensorBoard callback
+needs the `tensorboard` package, installed here when missing, as the
+example's own requirement.
 
 Exit status: the number of examples that failed.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import os
 import subprocess
 import sys
@@ -31,6 +37,8 @@ from typing import Dict, List
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+# Example -> its command-line arguments ({work}: the working directory, {np}:
+# the number of ranks). The Spark example starts its own Spark job.
 EXAMPLES: Dict[str, List[str]] = {
     "tensorflow2/tensorflow2_keras_mnist.py": [],
     "tensorflow2/tensorflow2_mnist.py": [],
@@ -39,7 +47,11 @@ EXAMPLES: Dict[str, List[str]] = {
         "--num-iters", "2"],
     "tensorflow2/tensorflow2_keras_synthetic_benchmark.py": [
         "--batch-size", "4", "--num-batches-per-iter", "2", "--num-iters", "2"],
+    "spark/keras/keras_spark_mnist.py": [
+        "--num-proc", "{np}", "--epochs", "2", "--work-dir", "{work}/store",
+        "--data-dir", "{work}"],
 }
+SPARK_EXAMPLES = {"spark/keras/keras_spark_mnist.py"}
 
 SITECUSTOMIZE = '''\
 """Makes keras.datasets.mnist.load_data read HVDKERAS_MNIST_STANDIN (see
@@ -97,6 +109,21 @@ def mnist_standin(path: Path) -> None:
     np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
 
 
+def libsvm_standin(npz: Path, path: Path, rows: int = 12000) -> None:
+    """The stand-in's first `rows` images as MNIST's bzip2 LIBSVM file
+    ("label index:value ...", 1-based indices, values 0-255)."""
+    import bz2
+
+    with np.load(npz) as f:
+        images, labels = f["x_train"][:rows].reshape(rows, -1), f["y_train"][:rows]
+    lines = []
+    for image, label in zip(images, labels):
+        nonzero = np.flatnonzero(image)
+        lines.append(" ".join([str(int(label))] +
+                              [f"{i + 1}:{int(image[i])}" for i in nonzero]))
+    path.write_bytes(bz2.compress(("\n".join(lines) + "\n").encode()))
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("horovod", type=Path, help="a checkout of Horovod's repository")
@@ -109,7 +136,14 @@ def main(argv: List[str]) -> int:
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     mnist_standin(work / "mnist-standin.npz")
+    if not args.only or "spark" in args.only:
+        libsvm_standin(work / "mnist-standin.npz", work / "mnist.bz2")
+        if importlib.util.find_spec("tensorboard") is None:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "tensorboard"],
+                           check=True)
     env = dict(os.environ, HVDKERAS_MNIST_STANDIN=str(work / "mnist-standin.npz"),
+               PYSPARK_PYTHON=sys.executable,
+               SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
                PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     failed = 0
     for example, extra in EXAMPLES.items():
@@ -122,9 +156,11 @@ def main(argv: List[str]) -> int:
                                 capture_output=True, text=True)
         changes = report.stdout.strip().splitlines()[-1:] or [report.stderr.strip()]
         started = time.time()
+        extra = [a.format(work=work, np=args.np) for a in extra]
+        launcher = [] if example in SPARK_EXAMPLES else ["hvdkerasrun", "-np", str(args.np)]
         with open(work / f"{name}.log", "w") as log:
-            result = subprocess.run(["hvdkerasrun", "-np", str(args.np), sys.executable,
-                                     str(migrated), *extra], cwd=work, env=env, stdout=log,
+            result = subprocess.run([*launcher, sys.executable, str(migrated), *extra],
+                                    cwd=work, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, timeout=args.timeout)
         seconds = time.time() - started
         status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"

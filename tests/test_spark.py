@@ -86,6 +86,29 @@ def test_spark_run_allreduces_the_ranks(spark, monkeypatch, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
+def test_spark_run_takes_horovods_launch_arguments(spark):
+    """extra_mpi_args reach each task's mpiexec (here: MPICH's -env sets a
+    variable in the rank), executable picks the ranks' Python, and the output
+    options are accepted; nics is refused with what to do instead."""
+    import hvdkeras.spark
+
+    def fn():
+        import os
+        import sys
+        return os.environ.get("HVDKERAS_TEST_MARK"), sys.executable
+
+    results = hvdkeras.spark.run(fn, num_proc=2, timeout=JOB_TIMEOUT,
+                                 extra_mpi_args="-env HVDKERAS_TEST_MARK 7",
+                                 executable=sys.executable, stdout=sys.stdout,
+                                 stderr=sys.stderr, verbose=2,
+                                 prefix_output_with_timestamp=True)
+    assert results == [("7", sys.executable)] * 2
+    with pytest.raises(ValueError, match="FI_TCP_IFACE"):
+        hvdkeras.spark.run(fn, num_proc=2, nics=["eth0"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_horovod_runner_with_positive_np_runs_on_spark(spark):
     """HorovodRunner's rule: with a SparkContext, Runner(np > 0) uses Spark tasks."""
     import hvdkeras

@@ -32,6 +32,7 @@ import collections
 import ctypes
 import os
 import pickle
+import shlex
 import signal
 import socket
 import subprocess
@@ -97,15 +98,17 @@ class _JobState:
         raise ValueError(f"unknown request {kind!r}")
 
 
-def _rank_command() -> list[str]:
-    """``mpiexec -n 1 python -m hvdkeras.spark.task_rank`` with this environment's MPICH."""
+def _rank_command(executable: Optional[str] = None,
+                  extra_mpi_args: Sequence[str] = ()) -> list[str]:
+    """``mpiexec [extra] -n 1 python -m hvdkeras.spark.task_rank`` with this environment's MPICH."""
     mpiexec, vendor, library = resolve_mpiexec([sys.executable])
     if vendor == mpi_env.OPENMPI:
         raise RuntimeError(
             f"hvdkeras.spark.run joins its ranks with MPI connect/accept between separately "
             f"started jobs, which needs MPICH (pip install mpich); mpi4py loads Open MPI "
             f"({library.path}).")
-    return [mpiexec, "-n", "1", sys.executable, "-m", "hvdkeras.spark.task_rank"]
+    return [mpiexec, *extra_mpi_args, "-n", "1", executable or sys.executable, "-m",
+            "hvdkeras.spark.task_rank"]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -122,7 +125,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _run_task_rank(index: int, size: int, address: str, secret_hex: str,
-                   extra_env: dict) -> int:
+                   extra_env: dict, command: Sequence[str] = ()) -> int:
     """Body of one Spark task: start the rank, supervise it, report a crash."""
     env = inherited_env(os.environ)  # not the worker's own MPI runtime, if it has one
     env.pop(EXPECTED_SIZE, None)  # the rank's COMM_WORLD is 1; its world is the joined comm
@@ -134,7 +137,8 @@ def _run_task_rank(index: int, size: int, address: str, secret_hex: str,
     host, _, port = address.rpartition(":")
     try:
         client = Client((host, int(port)), bytes.fromhex(secret_hex))
-        proc = subprocess.Popen(_rank_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(list(command) or _rank_command(), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, start_new_session=True,
                                 preexec_fn=_term_with_parent)
     except BaseException:
@@ -203,13 +207,16 @@ def _term_with_parent() -> None:
         pass
 
 
-def _make_partition_fn(size: int, address: str, secret_hex: str, extra_env: dict) -> Callable:
+def _make_partition_fn(size: int, address: str, secret_hex: str, extra_env: dict,
+                       executable: Optional[str] = None,
+                       extra_mpi_args: Sequence[str] = ()) -> Callable:
     def partition(_iterator):
         from pyspark import BarrierTaskContext  # lazy: an optional extra (hvdkeras[spark])
 
         context = BarrierTaskContext.get()
         index = context.partitionId()
-        code = _run_task_rank(index, size, address, secret_hex, extra_env)
+        code = _run_task_rank(index, size, address, secret_hex, extra_env,
+                              _rank_command(executable, extra_mpi_args))
         return [(index, code)]
 
     return partition
@@ -239,7 +246,10 @@ def service_bind_address(host: str) -> str:
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
         num_proc: Optional[int] = None, env: Optional[dict[str, str]] = None,
         spark_context=None, start_timeout: Optional[float] = None,
-        timeout: Optional[float] = None) -> list:
+        timeout: Optional[float] = None, extra_mpi_args: Optional[str] = None,
+        executable: Optional[str] = None, stdout: Any = None, stderr: Any = None,
+        verbose: Optional[int] = None, prefix_output_with_timestamp: bool = False,
+        nics: Any = None) -> list:
     """Runs ``fn(*args, **kwargs)`` on `num_proc` Spark tasks, one hvdkeras rank per task.
 
     `hvdkeras.init()` has already been called on the ranks' world when `fn`
@@ -256,6 +266,14 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
         start_timeout: Seconds for all ranks to start and join (default 300).
         timeout: Seconds for the whole run; then the ranks are ended, the
             Spark job cancelled and RankFailedError raised (default: none).
+        extra_mpi_args: More arguments for each task's `mpiexec` (a string,
+            split as a shell would).
+        executable: The Python the ranks run (default: the task's own).
+        stdout, stderr, verbose, prefix_output_with_timestamp: Horovod's
+            output options, accepted for its scripts: each rank's lines go,
+            prefixed with its rank, to its Spark task's output.
+        nics: Not supported (hvdkeras does not pick network interfaces):
+            set your MPI's own variable in `env` (MPICH: `FI_TCP_IFACE`).
 
     Returns:
         The results of all ranks, in rank order.
@@ -272,6 +290,10 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
     if sc is None:
         raise ValueError("no active SparkContext: create a SparkSession first "
                          "(SparkSession.builder.getOrCreate()).")
+    if nics:
+        raise ValueError("hvdkeras.spark.run does not pick network interfaces (nics=); set "
+                         "your MPI's interface variable in env= (MPICH: FI_TCP_IFACE).")
+    mpi_args = shlex.split(extra_mpi_args or "")
     num_proc = sc.defaultParallelism if num_proc is None else num_proc
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"num_proc must be a whole number >= 1, got {num_proc!r}.")
@@ -288,7 +310,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
     with Service(secret, state.handle, host=service_bind_address(driver_host),
                  max_connections=4 * num_proc + 16) as service:
         address = f"{driver_host}:{service.port}"
-        partition = _make_partition_fn(num_proc, address, secret.hex(), rank_env)
+        partition = _make_partition_fn(num_proc, address, secret.hex(), rank_env, executable,
+                                       mpi_args)
         finished = threading.Event()
 
         timed_out = threading.Event()
