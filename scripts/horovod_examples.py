@@ -154,7 +154,12 @@ def main(argv: List[str]) -> int:
         report = subprocess.run([sys.executable, "-m", "hvdkeras.cli", "migrate",
                                  str(args.horovod / "examples" / example), "-o", str(migrated)],
                                 capture_output=True, text=True)
-        changes = report.stdout.strip().splitlines()[-1:] or [report.stderr.strip()]
+        summary = (report.stdout + report.stderr).strip().splitlines()
+        changes = summary[-1:] or ["no report"]
+        if report.returncode != 0:
+            print(f"{example}: migrate failed: {report.stderr.strip()}", flush=True)
+            failed += 1
+            continue
         started = time.time()
         extra = [a.format(work=work, np=args.np) for a in extra]
         launcher = [] if example in SPARK_EXAMPLES else ["hvdkerasrun", "-np", str(args.np)]
