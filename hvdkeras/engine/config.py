@@ -38,6 +38,8 @@ ABORT_ON_ERROR = "HVDKERAS_ABORT_ON_ERROR"
 # see Note [collective gradient conventions] in hvdkeras/collectives/gradients.py.
 COLLECTIVE_GRADIENTS = "HVDKERAS_COLLECTIVE_GRADIENTS"
 COLLECTIVE_GRADIENT_CONVENTIONS = ("exact", "horovod")
+# Where rank 0 writes hvdkeras.elastic state commits (hvdkeras/training/elastic_state.py).
+ELASTIC_STATE_DIR = "HVDKERAS_ELASTIC_STATE_DIR"
 
 # Horovod's names for the same knobs, in the same units: a Horovod user's
 # environment (HorovodRunner's documented HOROVOD_TIMELINE among them) keeps

@@ -22,9 +22,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from hvdkeras.collectives.broadcasting import broadcast_variables
 from hvdkeras.collectives.objects import broadcast_object
 from hvdkeras.engine import world
+from hvdkeras.engine.config import ELASTIC_STATE_DIR as STATE_DIR
 from hvdkeras.training.checkpoint_writing import write_bytes_atomic
 
-STATE_DIR = "HVDKERAS_ELASTIC_STATE_DIR"
 STATE_FILE = "elastic-state.pkl"
 
 
