@@ -182,3 +182,17 @@ def layer_random_states(model: Any) -> list:
                       "leave out the layers' random-generator states, so a resumed run draws "
                       "different random numbers (e.g. Dropout masks).", stacklevel=2)
         return []
+
+
+def xla_custom_call(operands: list, target: str, config: str, dtypes: list, shapes: list) -> list:
+    """An XLA custom call of `target` (registered by the op library) on `operands`.
+
+    TensorFlow's XlaCustomCallV2 op, from its private `gen_xla_ops` (TF
+    2.16-2.21), lowers to exactly that call inside an XLA-compiled function:
+    see Note [xla collectives] in ops/tf/xla_custom_calls.cc.
+    """
+    from tensorflow.compiler.tf2xla.ops import gen_xla_ops  # lazy: TF internal, XLA only
+
+    return list(gen_xla_ops.xla_custom_call_v2(
+        operands=operands, call_target_name=target, backend_config=config,
+        has_side_effect=True, result_dtypes=dtypes, result_shapes=shapes))

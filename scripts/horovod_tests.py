@@ -14,6 +14,7 @@ writes a JUnit report; a test counts as passed when it passed on every rank
 (its subtests included), as skipped when rank 0 skipped it, else as failed.
 Horovod's test utilities need `mock` and `parameterized`: the script
 installs them into the running interpreter's environment when missing.
+Each rank's pytest output goes to OUT/<file>.<rank>.log.
 
 Exit status: 0 (the counts are the result, not a verdict).
 """
@@ -60,7 +61,13 @@ def outcomes(report: Path) -> Dict[str, str]:
     return result
 
 
-def run_file(horovod: Path, test_file: str, np: int, out: Path, timeout: int) -> Dict[str, str]:
+def run_file(horovod: Path, test_file: str, np: int, out: Path, timeout: int,
+             per_test: int = 300) -> Dict[str, str]:
+    """Runs one of Horovod's test files at `np` ranks; test name -> outcome.
+
+    A test that runs past `per_test` seconds fails (pytest-timeout) instead
+    of holding up the rest.
+    """
     path = horovod / test_file
     env = dict(os.environ,
                PYTHONPATH=os.pathsep.join([str(ALIAS), str(path.parent),
@@ -71,7 +78,8 @@ def run_file(horovod: Path, test_file: str, np: int, out: Path, timeout: int) ->
     stem = path.stem
     # Each rank names its own report after its rank (MPICH and Open MPI variables).
     command = (f'r="${{PMI_RANK:-${{OMPI_COMM_WORLD_RANK:-0}}}}"; exec "{sys.executable}" -m '
-               f'pytest -q -p no:cacheprovider "{path}" --junitxml="{out}/{stem}.$r.xml"')
+               f'pytest -v -p no:cacheprovider --timeout={per_test} "{path}" '
+               f'--junitxml="{out}/{stem}.$r.xml" > "{out}/{stem}.$r.log" 2>&1')
     with open(out / f"{stem}.log", "w") as log:
         subprocess.run(["mpiexec", "-n", str(np), "sh", "-c", command], cwd=path.parent,
                        env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)

@@ -13,8 +13,20 @@ from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
+from hvdkeras import compat
+from hvdkeras.collectives import xla_calls
 from hvdkeras.collectives.common import names
 from hvdkeras.engine import library
+
+
+def in_xla() -> bool:
+    """Whether the collective being built will be compiled by XLA (Note [xla collectives])."""
+    return compat.in_xla_context()
+
+
+def _refuse_in_xla(what: str) -> None:
+    if in_xla():
+        raise ValueError(xla_calls.XLA_UNSUPPORTED.format(what=what))
 
 
 def one_consumer(outputs: List[tf.Tensor]) -> List[tf.Tensor]:
@@ -38,6 +50,9 @@ def allreduce(tensors: List[tf.Tensor], op: int, prescale_factor: float,
               process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused allreduce of tensors of one dtype."""
     graph_name, tensor_name = names(name, "HvdkerasAllreduce")
+    if in_xla():
+        return xla_calls.allreduce(tensors, op, prescale_factor, postscale_factor, graph_name,
+                                   process_set_id)
     return one_consumer(library.ops().hvdkeras_allreduce(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, tensor_name=tensor_name,
@@ -49,6 +64,8 @@ def broadcast(tensors: List[tf.Tensor], root_rank: int, name: Optional[str],
               process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused broadcast from `root_rank` (its position in the process set)."""
     graph_name, tensor_name = names(name, "HvdkerasBroadcast")
+    if in_xla():
+        return xla_calls.broadcast(tensors, root_rank, graph_name, process_set_id)
     return one_consumer(library.ops().hvdkeras_broadcast(
         tensors, root_rank=root_rank, tensor_name=tensor_name,
         process_set_id=process_set_id, name=graph_name))
@@ -57,6 +74,7 @@ def broadcast(tensors: List[tf.Tensor], root_rank: int, name: Optional[str],
 def allgather(tensors: List[tf.Tensor], name: Optional[str],
               process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused allgather of tensors of one dtype."""
+    _refuse_in_xla("allgather")
     graph_name, tensor_name = names(name, "HvdkerasAllgather")
     return one_consumer(library.ops().hvdkeras_allgather(
         tensors, tensor_name=tensor_name, process_set_id=process_set_id, name=graph_name))
@@ -66,6 +84,7 @@ def reducescatter(tensors: List[tf.Tensor], op: int, prescale_factor: float,
                   postscale_factor: float, name: Optional[str],
                   process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused reducescatter of tensors of one dtype."""
+    _refuse_in_xla("reducescatter")
     graph_name, tensor_name = names(name, "HvdkerasReducescatter")
     return one_consumer(library.ops().hvdkeras_reducescatter(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
@@ -76,6 +95,7 @@ def reducescatter(tensors: List[tf.Tensor], op: int, prescale_factor: float,
 def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str],
              process_set_id: int = 0) -> Tuple[tf.Tensor, tf.Tensor]:
     """(rows received, rows received from each rank)."""
+    _refuse_in_xla("alltoall")
     graph_name, tensor_name = names(name, "HvdkerasAlltoall")
     output, received = library.ops().hvdkeras_alltoall(
         tensor, splits, tensor_name=tensor_name, process_set_id=process_set_id,

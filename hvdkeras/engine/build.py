@@ -97,6 +97,8 @@ def link_command(inputs: dict, objects: list[Path], output: Path) -> list[str]:
         f"-l:{mpi_library.name}",
         f"-Wl,-rpath,{mpi_library.parent}",
     ]
+    if inputs.get("tf_xla_library"):  # XLA's custom-call registry
+        command.append(f"-l:{Path(inputs['tf_xla_library']).name}")
     tf_dir = tf_library_dir(inputs["tf_link_flags"])
     if tf_dir:
         command.append(f"-Wl,-rpath,{tf_dir}")

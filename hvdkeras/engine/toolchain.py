@@ -218,6 +218,14 @@ def source_hash(source_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def _xla_library(link_flags: list[str]) -> str:
+    """TensorFlow's library holding XLA's custom-call registry (see Note [xla
+    collectives] in ops/tf/xla_custom_calls.cc), or "" if this TensorFlow has none."""
+    directory = next((flag[2:] for flag in link_flags if flag.startswith("-L")), None)
+    library = Path(directory or "") / "libtensorflow_cc.so.2"
+    return str(library) if directory and library.exists() else ""
+
+
 def build_inputs(source_dir: Path | None = None) -> dict:
     """Everything that determines the compiled binary (imports TF and mpi4py)."""
     source_dir = Path(source_dir) if source_dir else ops_source_dir()
@@ -230,6 +238,7 @@ def build_inputs(source_dir: Path | None = None) -> dict:
         "tf_version": tf_version,
         "tf_compile_flags": compile_flags,
         "tf_link_flags": link_flags,
+        "tf_xla_library": _xla_library(link_flags),
         "compiler": compiler,
         "compiler_version": _compiler_version(compiler),
         "cxx_flags": list(BASE_CXX_FLAGS),

@@ -18,6 +18,7 @@ from typing import AbstractSet, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from hvdkeras.collectives.common import scale_values
+from hvdkeras.collectives.kernels import in_xla
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.collectives.sparse import gather_slices, sparse_scale
 from hvdkeras.engine import process_sets
@@ -253,7 +254,9 @@ def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
         present = [i for i in present if i not in set(local)]
     if not present:
         return result
-    if not settings.sparse_as_dense:
+    # Under XLA (Note [xla collectives]) only the allreduce has a form: sparse
+    # gradients are densified, as sparse_as_dense would.
+    if not settings.sparse_as_dense and not in_xla():
         sparse = [i for i in present if isinstance(gradients[i], tf.IndexedSlices)]
         present = [i for i in present if not isinstance(gradients[i], tf.IndexedSlices)]
         if sparse:

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import keras
 
 from hvdkeras import compat
+from hvdkeras.collectives import xla_calls
 
 NESTING_MESSAGE = (
     "hvdkeras.DistributedOptimizer is wrapped inside a LossScaleOptimizer. The loss-scale "
@@ -37,8 +38,9 @@ NESTING_MESSAGE = (
 )
 
 XLA_MESSAGE = (
-    "hvdkeras collectives have no XLA kernel, but this train step is being compiled with "
-    "XLA (compile(jit_compile=True), or the default jit_compile='auto' on a GPU machine). "
+    "hvdkeras collectives run under XLA on the CPU only (and only when the op library was "
+    "built with XLA's headers), but this train step is being compiled with XLA on a GPU "
+    "(compile(jit_compile=True), or the default jit_compile='auto' on a GPU machine). "
     "Pass an hvdkeras callback to fit() (e.g. hvdkeras.callbacks.BroadcastGlobalVariablesCallback, "
     "which turns XLA off for the train step), or call model.compile(..., jit_compile=False); "
     "in a custom loop, drop jit_compile=True from the tf.function that applies gradients."
@@ -72,5 +74,5 @@ def check_not_inside_loss_scale_optimizer(optimizer: Any) -> None:
 
 def check_not_in_xla() -> None:
     """Raises RuntimeError when called while building an XLA-compiled function."""
-    if compat.in_xla_context():
+    if compat.in_xla_context() and not xla_calls.usable():
         raise RuntimeError(XLA_MESSAGE)

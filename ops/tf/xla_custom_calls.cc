@@ -1,0 +1,188 @@
+// The collectives inside XLA-compiled functions: XLA custom-call targets on
+// the host platform that hand XLA's buffers to the engine and return when
+// the collective completed.
+//
+// Note [xla collectives]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Inside `tf.function(jit_compile=True)` (and Keras's `jit_compile`), the
+// Python wrappers emit TensorFlow's XlaCustomCallV2 op instead of the
+// Hvdkeras* ops (hvdkeras/collectives/xla_calls.py); XLA compiles it into a
+// call of the target registered here, with the call described by a text
+// `backend_config` ("name=value" lines, written by xla_calls.py and parsed
+// by ParseCall below: change both together). The target blocks XLA's thread
+// until the engine completes the collective, so the compiled step keeps the
+// order XLA chose, and the other ranks' steps meet it by name as in graph
+// mode. Only host (CPU) buffers: XLA on a GPU would call a target of the
+// CUDA platform, which does not exist yet, so Python keeps XLA off there.
+// Built only when TensorFlow ships XLA's custom-call headers
+// (HVDKERAS_HAS_XLA_CALLS); `hvdkeras_xla_calls_built()` tells Python.
+#if __has_include("xla/service/custom_call_target_registry.h") && \
+    __has_include("xla/service/custom_call_status_internal.h")
+#define HVDKERAS_HAS_XLA_CALLS 1
+#else
+#define HVDKERAS_HAS_XLA_CALLS 0
+#endif
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <future>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/engine_api.h"
+
+#if HVDKERAS_HAS_XLA_CALLS
+#include "xla/service/custom_call_status_internal.h"
+#include "xla/service/custom_call_target_registry.h"
+
+namespace hvdkeras {
+namespace {
+
+struct XlaCall {
+  std::string name;
+  int32_t reduce_op = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root_rank = 0;
+  int process_set = 0;
+  DataType dtype = DataType::kFloat32;
+  std::vector<Shape> shapes;  // one per tensor
+};
+
+bool ParseShape(const std::string& text, Shape* shape) {
+  shape->clear();
+  if (text.empty()) return true;  // a scalar
+  std::stringstream dims(text);
+  std::string dim;
+  while (std::getline(dims, dim, ',')) {
+    char* end = nullptr;
+    const long long value = std::strtoll(dim.c_str(), &end, 10);
+    if (end == dim.c_str() || *end != '\0' || value < 0) return false;
+    shape->push_back(value);
+  }
+  return true;
+}
+
+// See Note [xla collectives] for the format.
+bool ParseCall(const char* opaque, size_t length, XlaCall* call, std::string* error) {
+  std::stringstream lines(std::string(opaque, length));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = line.substr(0, eq);
+    const std::string value = line.substr(eq + 1);
+    if (key == "name") {
+      call->name = value;
+    } else if (key == "reduce_op") {
+      call->reduce_op = std::atoi(value.c_str());
+    } else if (key == "prescale") {
+      call->prescale = std::strtod(value.c_str(), nullptr);
+    } else if (key == "postscale") {
+      call->postscale = std::strtod(value.c_str(), nullptr);
+    } else if (key == "root_rank") {
+      call->root_rank = std::atoi(value.c_str());
+    } else if (key == "process_set") {
+      call->process_set = std::atoi(value.c_str());
+    } else if (key == "dtype") {
+      call->dtype = static_cast<DataType>(std::atoi(value.c_str()));
+    } else if (key == "shape") {
+      Shape shape;
+      if (!ParseShape(value, &shape)) {
+        *error = "bad shape '" + value + "' in the call's description";
+        return false;
+      }
+      call->shapes.push_back(shape);
+    }
+  }
+  if (call->name.empty() || call->shapes.empty()) {
+    *error = "the call's description lacks a name or tensors";
+    return false;
+  }
+  return true;
+}
+
+// XLA hands one output buffer directly, several as an array of buffers.
+std::vector<void*> OutputBuffers(void* out, size_t count) {
+  if (count == 1) return {out};
+  void** buffers = static_cast<void**>(out);
+  return std::vector<void*>(buffers, buffers + count);
+}
+
+std::vector<TensorRef> Refs(const XlaCall& call, const void** in, void* out) {
+  const std::vector<void*> outputs = OutputBuffers(out, call.shapes.size());
+  std::vector<TensorRef> refs(call.shapes.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    refs[i].input = in[i];
+    refs[i].output = outputs[i];
+    refs[i].dtype = call.dtype;
+    refs[i].shape = call.shapes[i];
+  }
+  return refs;
+}
+
+// Queues the collective and waits for the engine to finish it.
+Status RunToCompletion(const std::function<Status(DoneCallback)>& enqueue) {
+  std::promise<Status> finished;
+  std::future<Status> result = finished.get_future();
+  Status queued = enqueue([&finished](const Status& s) { finished.set_value(s); });
+  if (!queued.ok()) return queued;
+  return result.get();
+}
+
+// XlaCustomCallStatusSetFailure is not exported by TensorFlow's libraries;
+// the status is the struct its header declares, failed when it has a message.
+void Report(const Status& s, XlaCustomCallStatus* status) {
+  if (!s.ok()) status->message = s.message;
+}
+
+void Allreduce(void* out, const void** in, const char* opaque, size_t length,
+               XlaCustomCallStatus* status) {
+  XlaCall call;
+  std::string error;
+  if (!ParseCall(opaque, length, &call, &error)) {
+    Report(Status::Error(StatusCode::kInvalidArgument, "hvdkeras XLA allreduce: " + error),
+           status);
+    return;
+  }
+  Report(RunToCompletion([&](DoneCallback done) {
+           return EnqueueAllreduce(call.name, Refs(call, in, out),
+                                   static_cast<ReduceOp>(call.reduce_op), call.prescale,
+                                   call.postscale, call.process_set, std::move(done));
+         }),
+         status);
+}
+
+void Broadcast(void* out, const void** in, const char* opaque, size_t length,
+               XlaCustomCallStatus* status) {
+  XlaCall call;
+  std::string error;
+  if (!ParseCall(opaque, length, &call, &error)) {
+    Report(Status::Error(StatusCode::kInvalidArgument, "hvdkeras XLA broadcast: " + error),
+           status);
+    return;
+  }
+  Report(RunToCompletion([&](DoneCallback done) {
+           return EnqueueBroadcast(call.name, Refs(call, in, out), call.root_rank,
+                                   call.process_set, std::move(done));
+         }),
+         status);
+}
+
+struct Registration {
+  Registration() {
+    auto* registry = xla::CustomCallTargetRegistry::Global();
+    registry->Register("hvdkeras_allreduce", reinterpret_cast<void*>(&Allreduce), "Host");
+    registry->Register("hvdkeras_broadcast", reinterpret_cast<void*>(&Broadcast), "Host");
+  }
+};
+const Registration registration;
+
+}  // namespace
+}  // namespace hvdkeras
+#endif  // HVDKERAS_HAS_XLA_CALLS
+
+// Whether this library registered its XLA custom-call targets (1) or not (0).
+extern "C" int hvdkeras_xla_calls_built() { return HVDKERAS_HAS_XLA_CALLS; }
