@@ -18,7 +18,12 @@ from hvdkeras.training.output import print_rank0
 _noticed: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def turn_off_xla_for_training(model: Any) -> bool:
+GPU_REASON = "hvdkeras collectives have no XLA form on a GPU yet"
+UNBUILT_REASON = ("the model is built by fit() itself, inside the first step, where XLA "
+                  "cannot create variables (give it a keras.Input to keep XLA on)")
+
+
+def turn_off_xla_for_training(model: Any, reason: str = "") -> bool:
     """Turns XLA off for the model's steps if compile() turned it on.
 
     `compile(jit_compile="auto")` resolves to True on GPU machines, where the
@@ -35,15 +40,15 @@ def turn_off_xla_for_training(model: Any) -> bool:
         enabled = bool(model.jit_compile)
     except AttributeError:
         return False
-    if not enabled or xla_calls.usable():
+    if not enabled or (xla_calls.usable() and not reason):
         return False
     model.jit_compile = False
     compat.reset_train_function(model)
     if model not in _noticed:
         _noticed.add(model)
         print_rank0(
-            f"jit_compile turned off for {getattr(model, 'name', 'the model')!r}: hvdkeras "
-            "collectives have no XLA form on a GPU yet, so the train step runs without XLA."
+            f"jit_compile turned off for {getattr(model, 'name', 'the model')!r}: "
+            f"{reason or GPU_REASON}, so the train step runs without XLA."
         )
     return True
 

@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 import keras
 import tensorflow as tf
 
-from hvdkeras.callbacks._prepare import prepare_model
+from hvdkeras.callbacks._prepare import UNBUILT_REASON, prepare_model, turn_off_xla_for_training
 from hvdkeras.collectives.broadcasting import broadcast_variables
 from hvdkeras.training.model_sync import broadcast_model
 
@@ -21,8 +21,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     identical state, whatever their random initialization or whatever each
     loaded. Later `fit()` calls with the same callback do not broadcast again.
 
-    Like every hvdkeras callback it also turns XLA off for the train step if
-    `compile()` turned it on (hvdkeras collectives have no XLA kernel).
+    Like every hvdkeras callback it also turns XLA off for the train step on a
+    GPU if `compile()` turned it on (there the collectives have no XLA form
+    yet), and for a model that `fit()` builds (see below).
 
     A model that `fit()` itself builds (a `Sequential` without a
     `keras.Input`, as in Horovod's examples) is built and broadcast at the
@@ -61,6 +62,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         # into the step of a model that is not built yet.
         if not self.broadcast_done and not getattr(model, "built", False) \
                 and self._in_step is None:
+            turn_off_xla_for_training(model, UNBUILT_REASON)
             self._broadcast_in_first_step(model)
 
     def _broadcast_in_first_step(self, model: Any) -> None:

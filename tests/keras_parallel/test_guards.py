@@ -87,3 +87,19 @@ def test_loss_scale_optimizer_outside_is_refused_in_custom_loops():
         optimizer.apply(grads, model.trainable_variables)
     with pytest.raises(ValueError, match="wrapped inside a LossScaleOptimizer"):
         hvd.DistributedOptimizer(optimizer)
+
+
+def test_a_model_that_fit_builds_trains_without_xla_and_says_why(capsys):
+    """The root's weights are broadcast inside the first step of such a model,
+    where XLA cannot create variables: XLA is turned off, with the reason."""
+    keras.utils.set_random_seed(40 + hvd.rank())
+    model = keras.Sequential([keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=True)
+    x, y = regression_data(seed=41 + hvd.rank(), rows=8, outputs=1)
+    model.fit(x, y, batch_size=4, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert model.jit_compile is False
+    out = capsys.readouterr().out
+    assert ("model is built by fit() itself" in out) == (hvd.rank() == 0), out
+    assert spread_over_ranks(model.get_weights(), "t_unbuilt_jit_weights") == 0
