@@ -38,3 +38,40 @@ def test_benchmark_prints_every_case(extra):
     for row in rows:
         median_ms = float(row[-5] if row[1] != "raw" else row[-3])
         assert median_ms > 0, row
+
+
+SYNTHETIC = SCRIPT.parent / "synthetic_benchmark.py"
+TINY = ["--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4",
+        "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2"]
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_synthetic_benchmark_prints_horovods_lines():
+    """examples/synthetic_benchmark.py through model.fit on 2 ranks: per-iteration
+    and summary lines, on rank 0 alone."""
+    result = run_under_mpi(2, [str(SYNTHETIC), *TINY], timeout=TIMEOUT)
+    assert result.returncode == 0, describe(result)
+    out = result.ranks[0].stdout
+    assert out.count("Iter #") == 2 and "Img/sec per rank:" in out, out
+    assert "Total img/sec on 2 rank(s):" in out, out
+    assert "img/sec" not in result.ranks[1].stdout
+
+
+def test_timeline_breakdown_unions_the_top_level_events(tmp_path):
+    """Pure: the synthetic benchmark's reading of a trace (nested phases are
+    inside their op; overlapping ops count once)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("synthetic_benchmark", SYNTHETIC)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    events = [
+        {"ph": "B", "pid": 1, "ts": 0, "name": "NEGOTIATE_ALLREDUCE"}, {"ph": "E", "pid": 1, "ts": 1000},
+        {"ph": "B", "pid": 1, "ts": 1000, "name": "ALLREDUCE"},
+        {"ph": "B", "pid": 1, "ts": 1100, "name": "MPI_ALLREDUCE"}, {"ph": "E", "pid": 1, "ts": 1500},
+        {"ph": "E", "pid": 1, "ts": 2000},
+        {"ph": "B", "pid": 2, "ts": 1500, "name": "ALLREDUCE"}, {"ph": "E", "pid": 2, "ts": 2500},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(__import__("json").dumps(events))
+    got = module.timeline_breakdown(str(path))
+    assert got == {"negotiate_ms": 1.0, "execute_ms": 1.5, "busy_ms": 2.5, "span_ms": 2.5}

@@ -508,3 +508,14 @@ def test_service_keeps_idle_clients_but_not_idle_strangers(echo_service, monkeyp
     stranger.settimeout(10)
     assert stranger.recv(1) == b""  # dropped after the first-request timeout
     stranger.close()
+
+
+def test_options_after_the_command_belong_to_the_command():
+    """`--timeline` after the program is the program's, not a prefix of
+    hvdkerasrun's --timeline-filename."""
+    from hvdkeras.runner import cli
+
+    args = cli.build_parser().parse_args(
+        ["-np", "2", "python", "train.py", "--timeline", "t.json", "--np", "3"])
+    assert args.np == 2
+    assert args.command == ["python", "train.py", "--timeline", "t.json", "--np", "3"]

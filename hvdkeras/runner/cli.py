@@ -22,8 +22,10 @@ from hvdkeras.runner.restart import log
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # No abbreviations: an option of the command (`train.py --timeline x`)
+    # must not be taken for a prefix of one of ours (--timeline-filename).
     p = argparse.ArgumentParser(
-        prog="hvdkerasrun",
+        prog="hvdkerasrun", allow_abbrev=False,
         usage="hvdkerasrun -np N [-H HOSTS | --hostfile FILE] [options] COMMAND [ARGS...]",
         description="Run COMMAND on N ranks with the mpiexec of the MPI that mpi4py loads, "
                     "rank-prefixed output, fail-fast and restarts.")

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Synthetic-data throughput of a keras.applications model through model.fit.
+
+    hvdkerasrun -np 2 python examples/synthetic_benchmark.py --model ResNet50 --image-size 64
+    python examples/synthetic_benchmark.py --scaling 2 --model ResNet50 --image-size 64
+
+Under a launcher it prints images/s per rank and in total, each iteration
+and then as mean +- 1.96 standard deviations (the format of Horovod's
+synthetic benchmark). `--scaling N` measures, in one invocation and one after
+the other: 1 rank, N ranks, and N independent single processes running at
+the same time without hvdkeras (the no-communication ceiling on this
+machine), and prints the scaling efficiency (N ranks / N independent), the
+gradient bytes each step reduces, the time a raw in-place MPI_Allreduce of
+those bytes takes (the floor), and where an N-rank step's time goes, from
+the engine's timeline: waiting for the other ranks, the collectives
+themselves, and the rest (compute not hidden behind them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+HERE = os.path.abspath(__file__)
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="ResNet50", help="a keras.applications model")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--num-warmup-batches", type=int, default=5)
+    p.add_argument("--num-batches-per-iter", type=int, default=10)
+    p.add_argument("--num-iters", type=int, default=5)
+    p.add_argument("--jit", action="store_true", help="compile(jit_compile=True)")
+    p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--scaling", type=int, default=0, metavar="N",
+                   help="measure 1 rank, N ranks and N independent processes")
+    p.add_argument("--independent", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--timeline", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def interval(values: List[float]) -> str:
+    mean = statistics.mean(values)
+    spread = 1.96 * statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:.1f} +-{spread:.1f}"
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if args.independent:  # plain Keras: the no-communication ceiling
+        rank, size = 0, 1
+    else:
+        import hvdkeras as hvd
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    model = getattr(keras.applications, args.model)(
+        weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
+    optimizer = keras.optimizers.SGD(0.01)
+    callbacks: list = []
+    if not args.independent:
+        compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+        optimizer = hvd.DistributedOptimizer(optimizer, compression=compression)
+        callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(0))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  jit_compile=args.jit)
+    images = tf.random.uniform([args.batch_size, args.image_size, args.image_size, 3])
+    labels = tf.random.uniform([args.batch_size], maxval=1000, dtype=tf.int64)
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+    timings: List[float] = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            timings.append(time.perf_counter() - self.start)
+
+    model.fit(data, steps_per_epoch=args.num_warmup_batches, epochs=1, verbose=0,
+              callbacks=callbacks)
+    if args.timeline and not args.independent:
+        hvd.start_timeline(args.timeline)
+    model.fit(data, steps_per_epoch=args.num_batches_per_iter, epochs=args.num_iters,
+              verbose=0, callbacks=[Timer()])
+    if args.timeline and not args.independent:
+        hvd.stop_timeline()
+    per_rank = [args.batch_size * args.num_batches_per_iter / t for t in timings]
+    gradient_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                         for v in model.trainable_variables)
+    floor_ms = raw_allreduce_ms(gradient_bytes) if size > 1 else 0.0
+    if rank == 0:
+        for i, value in enumerate(per_rank):
+            print(f"Iter #{i}: {value:.1f} img/sec per rank")
+        print(f"Img/sec per rank: {interval(per_rank)}")
+        print(f"Total img/sec on {size} rank(s): {interval([v * size for v in per_rank])}")
+    if args.json and rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"per_rank": per_rank, "size": size, "gradient_bytes": gradient_bytes,
+                       "floor_ms": floor_ms,
+                       "step_ms": 1000 * statistics.mean(timings) / args.num_batches_per_iter},
+                      f)
+
+
+def raw_allreduce_ms(total_bytes: int, repeats: int = 10) -> float:
+    """Median time of one in-place MPI_Allreduce of `total_bytes` of float32 (mpi4py)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    buffer = np.ones(total_bytes // 4, np.float32)
+    times = []
+    for _ in range(repeats + 2):
+        MPI.COMM_WORLD.Barrier()
+        start = time.perf_counter()
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[2:])
+
+
+def union_ms(intervals: List[tuple]) -> float:
+    """Total length (ms) of a set of [start, end) intervals in microseconds."""
+    total, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total / 1000.0
+
+
+def timeline_breakdown(path: str) -> Dict[str, float]:
+    """Milliseconds spent negotiating (waiting for ranks) and executing
+    collectives over a trace, from its top-level events per tensor."""
+    with open(path) as f:
+        events = json.load(f)
+    stacks: Dict[int, list] = {}
+    negotiate, execute = [], []
+    for e in events:
+        if e.get("ph") == "B":
+            stacks.setdefault(e["pid"], []).append(e)
+        elif e.get("ph") == "E" and stacks.get(e["pid"]):
+            begin = stacks[e["pid"]].pop()
+            if stacks[e["pid"]]:
+                continue  # a phase inside an op
+            target = negotiate if begin["name"].startswith("NEGOTIATE") else execute
+            target.append((begin["ts"], e["ts"]))
+    both = negotiate + execute
+    span = (max(t for _, t in both) - min(s for s, _ in both)) / 1000.0 if both else 0.0
+    return {"negotiate_ms": union_ms(negotiate), "execute_ms": union_ms(execute),
+            "busy_ms": union_ms(both), "span_ms": span}
+
+
+def run_scaling(args: argparse.Namespace, argv: List[str]) -> None:
+    n = args.scaling
+    passthrough = list(argv)
+    at = next(i for i, a in enumerate(passthrough) if a.startswith("--scaling"))
+    del passthrough[at:at + (1 if "=" in passthrough[at] else 2)]
+    work = tempfile.mkdtemp(prefix="synthetic-benchmark-")
+    cores = os.cpu_count() or 1
+
+    def launch(np_: int, tag: str, extra: List[str]) -> dict:
+        out = os.path.join(work, f"{tag}.json")
+        subprocess.run(["hvdkerasrun", "-np", str(np_), sys.executable, HERE, *passthrough,
+                        "--json", out, *extra], check=True)
+        with open(out) as f:
+            return json.load(f)
+
+    single = launch(1, "np1", [])
+    timeline = os.path.join(work, "timeline.json")
+    ranks = launch(n, f"np{n}", ["--timeline", timeline])
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS=str(max(1, cores // n)),
+               TF_NUM_INTEROP_THREADS=str(max(1, cores // n)))
+    procs = [subprocess.Popen([sys.executable, HERE, *passthrough, "--independent", "--json",
+                               os.path.join(work, f"independent{i}.json")], env=env)
+             for i in range(n)]
+    if any(p.wait() for p in procs):
+        raise SystemExit("an independent process failed")
+    independent = []
+    for i in range(n):
+        with open(os.path.join(work, f"independent{i}.json")) as f:
+            independent.append(json.load(f))
+    total = {"np1": statistics.mean(single["per_rank"]),
+             f"np{n}": n * statistics.mean(ranks["per_rank"]),
+             "independent": sum(statistics.mean(r["per_rank"]) for r in independent)}
+    print(f"\n{args.model} {args.image_size}px, batch {args.batch_size} per rank, "
+          f"jit {'on' if args.jit else 'off'}, {cores} cores")
+    print("| run | total img/s | per rank |")
+    print("|---|---|---|")
+    print(f"| 1 rank | {total['np1']:.1f} | {total['np1']:.1f} |")
+    print(f"| {n} ranks | {total[f'np{n}']:.1f} | {total[f'np{n}'] / n:.1f} |")
+    print(f"| {n} independent processes | {total['independent']:.1f} | "
+          f"{total['independent'] / n:.1f} |")
+    print(f"scaling efficiency ({n} ranks / {n} independent): "
+          f"{100 * total[f'np{n}'] / total['independent']:.1f}%")
+    print(f"gradient bytes per step: {ranks['gradient_bytes'] / 2**20:.1f} MiB; raw in-place "
+          f"MPI_Allreduce of them: {ranks['floor_ms']:.1f} ms; step: {ranks['step_ms']:.1f} ms")
+    if os.path.exists(timeline):
+        b = timeline_breakdown(timeline)
+        steps = args.num_iters * args.num_batches_per_iter
+        print(f"per step (rank 0's timeline): waiting for ranks "
+              f"{b['negotiate_ms'] / steps:.1f} ms, collectives {b['execute_ms'] / steps:.1f} ms, "
+              f"rest (compute not hidden by them) "
+              f"{ranks['step_ms'] - b['busy_ms'] / steps:.1f} ms")
+
+
+def main(argv: List[str]) -> None:
+    args = parse_args(argv)
+    if args.scaling:
+        run_scaling(args, argv)
+    else:
+        run_worker(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
