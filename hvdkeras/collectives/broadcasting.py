@@ -64,7 +64,8 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
         process_set: The `ProcessSet` whose ranks take part (default: all).
 
     Returns:
-        None eagerly; in graph code, the op that runs every assignment.
+        In TensorFlow 1 graph code, the op that runs every assignment; None
+        eagerly and inside a `tf.function` (which runs them anyway).
 
     Example:
 
@@ -76,7 +77,7 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
     root = ps.set_rank_of(int(root_rank), "root_rank")
     variables = list(variables)
     if not variables:
-        return None if tf.executing_eagerly() else tf.no_op()
+        return None if tf.executing_eagerly() or tf.inside_function() else tf.no_op()
     values = [tf.convert_to_tensor(v) for v in variables]
     for v in values:
         check_dtype(v, "broadcast_variables", reducing=False)
@@ -91,7 +92,7 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
                                      ps.set_id)
         for i, value in zip(indices, received):
             assignments.append(variables[i].assign(value))
-    return None if tf.executing_eagerly() else tf.group(*assignments)
+    return None if tf.executing_eagerly() or tf.inside_function() else tf.group(*assignments)
 
 
 def broadcast_global_variables(root_rank: int = 0) -> tf.Operation:

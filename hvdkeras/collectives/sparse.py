@@ -65,7 +65,7 @@ def allreduce_slices_group(slices: Sequence[tf.IndexedSlices], op: int, prescale
     out = []
     for gathered in gather_slices(slices, name, ps.set_id):
         values = gathered.values
-        if scale != 1.0 and values.dtype.is_integer:
+        if values.dtype.is_integer and (scale != 1.0 or op == Average):
             values = tf.cast(values, tf.float64)
         out.append(tf.IndexedSlices(scale_values(values, scale), gathered.indices,
                                     dense_shape=gathered.dense_shape))
