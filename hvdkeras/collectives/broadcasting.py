@@ -73,26 +73,34 @@ def broadcast_variables(variables: Iterable, root_rank: int = 0,
     hvd.broadcast_variables(model.variables, root_rank=0)
     ```
     """
+    assignments = _assign_from_root(list(variables), root_rank, name, process_set)
+    if tf.executing_eagerly() or tf.inside_function():
+        return None
+    return tf.group(*assignments) if assignments else tf.no_op()
+
+
+def _assign_from_root(variables: list, root_rank: int, name: Optional[str],
+                      process_set: ProcessSet) -> list:
+    """Broadcasts the variables' values and assigns them; the assignments' results."""
     ps = process_sets.view(process_set)
     root = ps.set_rank_of(int(root_rank), "root_rank")
-    variables = list(variables)
     if not variables:
-        return None if tf.executing_eagerly() or tf.inside_function() else tf.no_op()
+        return []
     values = [tf.convert_to_tensor(v) for v in variables]
     for v in values:
         check_dtype(v, "broadcast_variables", reducing=False)
     name = name or "HvdkerasBroadcastVariables"
     groups = ([i for i, v in enumerate(values) if v.dtype != tf.int32],
               [i for i, v in enumerate(values) if v.dtype == tf.int32])
-    assignments = []
+    assignments: list = [None] * len(variables)
     for suffix, indices in zip(("", ".int32"), groups):
         if not indices:
             continue
         received = kernels.broadcast([values[i] for i in indices], root, name + suffix,
                                      ps.set_id)
         for i, value in zip(indices, received):
-            assignments.append(variables[i].assign(value))
-    return None if tf.executing_eagerly() or tf.inside_function() else tf.group(*assignments)
+            assignments[i] = variables[i].assign(value)
+    return assignments
 
 
 def broadcast_global_variables(root_rank: int = 0) -> tf.Operation:
@@ -134,7 +142,9 @@ def broadcast_(variables: Sequence, root_rank: int, name: Optional[str] = None,
         process_set: The `ProcessSet` whose ranks take part (default: all).
 
     Returns:
-        `variables`, now holding the root's values.
+        Eagerly, `variables`, now holding the root's values; in graph code,
+        one tensor per variable that assigns it when evaluated and holds
+        the root's value (Horovod's in-place op outputs).
 
     Example:
 
@@ -142,5 +152,5 @@ def broadcast_(variables: Sequence, root_rank: int, name: Optional[str] = None,
     hvd.broadcast_(model.trainable_variables, root_rank=0)
     ```
     """
-    broadcast_variables(variables, root_rank=root_rank, name=name, process_set=process_set)
-    return variables
+    assigned = _assign_from_root(list(variables), root_rank, name, process_set)
+    return variables if tf.executing_eagerly() else assigned

@@ -119,6 +119,8 @@ def _reducescatter_grad(op, *grads):
         scale *= ps.size if reduce_op == Sum else 1
     elif reduce_op == Average:
         scale /= ps.size
-    gathered = kernels.allgather([tf.convert_to_tensor(g) for g in grads], grad_name(op),
-                                 ps.set_id)
+    # One allgather per dtype: an unused output's gradient may come as float32 zeros.
+    gathered = per_dtype([tf.convert_to_tensor(g) for g in grads],
+                         grad_name(op, "HvdkerasReducescatterGrad"),
+                         lambda group, name: kernels.allgather(group, name, ps.set_id))
     return [scale_values(g, scale) for g in gathered]

@@ -58,15 +58,18 @@ def allreduce_slices_group(slices: Sequence[tf.IndexedSlices], op: int, prescale
                            ps: SetView) -> List[tf.IndexedSlices]:
     """`allreduce_indexed_slices` of several slices, gathered in one fused op per dtype.
 
-    An Average of integer rows comes back as float64 (true division, as in
-    Horovod); a cast back would round every row to zero or one.
+    An Average of integer rows comes back as floats (TensorFlow's true
+    division, as in Horovod); a cast back would round every row to zero or one.
     """
     scale = sparse_scale(op, prescale_factor, postscale_factor, ps.size)
     out = []
     for gathered in gather_slices(slices, name, ps.set_id):
-        values = gathered.values
-        if values.dtype.is_integer and (scale != 1.0 or op == Average):
-            values = tf.cast(values, tf.float64)
-        out.append(tf.IndexedSlices(scale_values(values, scale), gathered.indices,
+        values, factor = gathered.values, scale
+        if values.dtype.is_integer and op == Average:
+            # TensorFlow's true division (float32 for 8/16-bit integers,
+            # float64 for 32/64-bit), as Horovod divides.
+            values = tf.math.truediv(values, tf.cast(ps.size, values.dtype))
+            factor = prescale_factor * postscale_factor
+        out.append(tf.IndexedSlices(scale_values(values, factor), gathered.indices,
                                     dense_shape=gathered.dense_shape))
     return out

@@ -144,3 +144,21 @@ def test_in_place_broadcast_returns_the_variables():
     assert returned is variables
     assert_exact(variables[0].numpy(), values_of(WORLD_SIZE - 1, (2, 3)).astype("float32"))
     assert_exact(variables[1].numpy(), np.array([WORLD_SIZE + 6], np.int32))
+
+
+def test_in_place_broadcast_in_tf1_graph_code():
+    """Horovod's graph-mode contract: broadcast_ returns tensors whose
+    evaluation assigns the root's values; broadcast_global_variables an op."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        v = tf.compat.v1.Variable(tf.fill([3], float(WORLD_RANK + 1)))
+        w = tf.compat.v1.Variable(tf.fill([2], WORLD_RANK))
+        session.run(tf.compat.v1.global_variables_initializer())
+        out, = hvd.broadcast_([v], root_rank=WORLD_SIZE - 1, name="graph_bcast_inplace")
+        assert_exact(session.run(out), np.full(3, float(WORLD_SIZE), np.float32))
+        assert_exact(session.run(v), np.full(3, float(WORLD_SIZE), np.float32))
+        session.run(v.assign(tf.fill([3], float(WORLD_RANK + 1))))
+        session.run(hvd.broadcast_global_variables(0))
+        assert_exact(session.run(v), np.full(3, 1.0, np.float32))
+        assert_exact(session.run(w), np.zeros(2, np.int32))
+    with pytest.raises(RuntimeError, match="TensorFlow 1 graph code"):
+        hvd.broadcast_global_variables(0)
