@@ -123,52 +123,51 @@ std::vector<TensorRef> Refs(const XlaCall& call, const void** in, void* out) {
   return refs;
 }
 
-// Queues the collective and waits for the engine to finish it.
-Status RunToCompletion(const std::function<Status(DoneCallback)>& enqueue) {
-  std::promise<Status> finished;
-  std::future<Status> result = finished.get_future();
-  Status queued = enqueue([&finished](const Status& s) { finished.set_value(s); });
-  if (!queued.ok()) return queued;
-  return result.get();
-}
-
 // XlaCustomCallStatusSetFailure is not exported by TensorFlow's libraries;
 // the status is the struct its header declares, failed when it has a message.
 void Report(const Status& s, XlaCustomCallStatus* status) {
   if (!s.ok()) status->message = s.message;
 }
 
-void Allreduce(void* out, const void** in, const char* opaque, size_t length,
-               XlaCustomCallStatus* status) {
+using Enqueue = std::function<Status(const XlaCall&, std::vector<TensorRef>, DoneCallback)>;
+
+// One target's body: parse the call, queue the collective on XLA's buffers
+// and wait for the engine to finish it.
+void RunCall(const char* what, const Enqueue& enqueue, void* out, const void** in,
+             const char* opaque, size_t length, XlaCustomCallStatus* status) {
   XlaCall call;
   std::string error;
   if (!ParseCall(opaque, length, &call, &error)) {
-    Report(Status::Error(StatusCode::kInvalidArgument, "hvdkeras XLA allreduce: " + error),
+    Report(Status::Error(StatusCode::kInvalidArgument,
+                         std::string("hvdkeras XLA ") + what + ": " + error),
            status);
     return;
   }
-  Report(RunToCompletion([&](DoneCallback done) {
-           return EnqueueAllreduce(call.name, Refs(call, in, out),
-                                   static_cast<ReduceOp>(call.reduce_op), call.prescale,
-                                   call.postscale, call.process_set, std::move(done));
-         }),
-         status);
+  std::promise<Status> finished;
+  std::future<Status> result = finished.get_future();
+  Status queued = enqueue(call, Refs(call, in, out),
+                          [&finished](const Status& s) { finished.set_value(s); });
+  Report(queued.ok() ? result.get() : queued, status);
+}
+
+void Allreduce(void* out, const void** in, const char* opaque, size_t length,
+               XlaCustomCallStatus* status) {
+  RunCall("allreduce",
+          [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
+            return EnqueueAllreduce(c.name, std::move(refs), static_cast<ReduceOp>(c.reduce_op),
+                                    c.prescale, c.postscale, c.process_set, std::move(done));
+          },
+          out, in, opaque, length, status);
 }
 
 void Broadcast(void* out, const void** in, const char* opaque, size_t length,
                XlaCustomCallStatus* status) {
-  XlaCall call;
-  std::string error;
-  if (!ParseCall(opaque, length, &call, &error)) {
-    Report(Status::Error(StatusCode::kInvalidArgument, "hvdkeras XLA broadcast: " + error),
-           status);
-    return;
-  }
-  Report(RunToCompletion([&](DoneCallback done) {
-           return EnqueueBroadcast(call.name, Refs(call, in, out), call.root_rank,
-                                   call.process_set, std::move(done));
-         }),
-         status);
+  RunCall("broadcast",
+          [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
+            return EnqueueBroadcast(c.name, std::move(refs), c.root_rank, c.process_set,
+                                    std::move(done));
+          },
+          out, in, opaque, length, status);
 }
 
 struct Registration {
