@@ -175,7 +175,7 @@ def test_scale_factors():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(op=hvd.Min), ValueError, "Average or hvdkeras.Sum, got Min"),
+    (dict(op=hvd.Min), ValueError, "Average, Sum or Adasum, got Min"),
     (dict(op=hvd.Sum, gradient_predivide_factor=2.0), ValueError, "only applies to op"),
     (dict(gradient_predivide_factor=0.0), ValueError, "positive"),
     (dict(num_groups=-1), ValueError, "num_groups"),
