@@ -23,8 +23,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from hvdkeras.engine import c_api
 
-_THREAD_MULTIPLE = 3
-
 
 class ProcessSet:
     """A set of ranks that run collectives together.
@@ -104,7 +102,7 @@ class _State:
     control: Any  # a private duplicate of the world communicator, for set bookkeeping
     rank: int
     size: int
-    thread_level: int
+    threads_multiple: bool  # MPI_THREAD_MULTIPLE: engine threads of their own may run MPI
     config: Any
     lib: Any
     sets: Dict[int, _Registered]
@@ -129,11 +127,11 @@ def _registered(set_id: int) -> _Registered:
     return state.sets[set_id]
 
 
-def open_registry(control: Any, rank: int, size: int, thread_level: int, config: Any,
+def open_registry(control: Any, rank: int, size: int, threads_multiple: bool, config: Any,
                   lib: Any) -> None:
     """Called by `init()` once the global engine runs; `control` becomes ours."""
     global _state
-    _state = _State(control=control, rank=rank, size=size, thread_level=thread_level,
+    _state = _State(control=control, rank=rank, size=size, threads_multiple=threads_multiple,
                     config=config, lib=lib,
                     sets={0: _Registered(tuple(range(size)), None, rank)})
     global_process_set.ranks = list(range(size))
@@ -294,7 +292,7 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
         if entry.ranks == ranks:
             raise ValueError(f"A process set with ranks {list(ranks)} is already registered "
                              f"(id {set_id}); use that one.")
-    if state.thread_level < _THREAD_MULTIPLE:
+    if not state.threads_multiple:
         raise RuntimeError("Process sets run on engine threads of their own, which needs "
                            "MPI_THREAD_MULTIPLE; MPI was initialized with a lower level.")
     process_set.process_set_id = _start(state, ranks)

@@ -157,7 +157,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
-    process_set_registry.open_registry(control_comm, _world.rank, _world.size, thread_level,
+    process_set_registry.open_registry(control_comm, _world.rank, _world.size,
+                                       thread_level >= _THREAD_MULTIPLE,
                                        config, lib)
     if abort_on_error:
         # MPI_COMM_WORLD, not the engine's duplicate: every process of the job ends.
