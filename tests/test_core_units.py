@@ -25,6 +25,7 @@ OPS = REPO_ROOT / "ops"
 UNITS: Dict[str, Tuple[str, ...]] = {
     "autotuner": ("autotuner",),
     "block_pool": ("block_pool",),
+    "burst_memory": ("burst_memory",),
     "common": ("common",),
     "device_packing": ("device_packing",),
     "coordinator": ("coordinator", "message", "common"),

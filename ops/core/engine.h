@@ -33,6 +33,7 @@
 #include "core/mpi_context.h"
 #include "core/negotiation.h"
 #include "core/pending_op.h"
+#include "core/burst_memory.h"
 #include "core/submission_queue.h"
 #include "core/timeline.h"
 #include "core/tuning.h"
@@ -84,6 +85,11 @@ class Engine {
   // to shut down. Sets *progress when an op completed or new ops arrived.
   bool RunCycle(bool may_wait, bool* progress);
   void ApplyTimelineRequest(const SubmissionQueue::Taken& taken);
+  // Moves taken ops into pending_; returns true when this rank asked to stop.
+  bool Accept(SubmissionQueue::Taken&& taken, bool* progress);
+  // Waits (bounded) for the rest of the bursts the newly taken ops belong
+  // to; see Note [burst gathering]. Returns true when this rank asked to stop.
+  bool GatherBurst(std::chrono::steady_clock::time_point first_arrival, bool* progress);
   void AgreeOnParams();
   void Finish(std::vector<std::pair<PendingOp*, Status>> results);
   void FailEverything(const std::string& why);
@@ -99,6 +105,7 @@ class Engine {
   Executor executor_;
   Tuning tuning_;
   Timeline timeline_;
+  BurstMemory bursts_;
   bool shutdown_agreed_ = false;  // the loop ended by a shutdown all ranks saw
 
   // Published for CurrentParams().
