@@ -41,6 +41,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--num-iters", type=int, default=5)
     p.add_argument("--jit", action="store_true", help="compile(jit_compile=True)")
     p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--num-groups", type=int, default=0,
+                   help="DistributedOptimizer(num_groups=...): gradient groups reduced separately")
     p.add_argument("--scaling", type=int, default=0, metavar="N",
                    help="measure 1 rank, N ranks and N independent processes")
     p.add_argument("--independent", action="store_true", help=argparse.SUPPRESS)
@@ -72,7 +74,8 @@ def run_worker(args: argparse.Namespace) -> None:
     callbacks: list = []
     if not args.independent:
         compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-        optimizer = hvd.DistributedOptimizer(optimizer, compression=compression)
+        optimizer = hvd.DistributedOptimizer(optimizer, compression=compression,
+                                             num_groups=args.num_groups)
         callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(0))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   jit_compile=args.jit)
