@@ -26,8 +26,9 @@ AUTOTUNE = config.AUTOTUNE
 AUTOTUNE_LOG = config.AUTOTUNE_LOG
 CHUNK = config.ALLREDUCE_CHUNK_BYTES
 SHM = config.SHM_ALLREDUCE
+ARENA = config.SHM_ARENA_BYTES
 ALL_KEYS = (FUSION, CYCLE, CACHE, STALL_CHECK, STALL_DISABLE, STALL_SHUTDOWN, TIMELINE,
-            MARK_CYCLES, AUTOTUNE, AUTOTUNE_LOG, CHUNK, SHM)
+            MARK_CYCLES, AUTOTUNE, AUTOTUNE_LOG, CHUNK, SHM, ARENA)
 
 
 def test_variable_names():
@@ -44,6 +45,7 @@ def test_variable_names():
         "HVDKERAS_AUTOTUNE_LOG",
         "HVDKERAS_ALLREDUCE_CHUNK_BYTES",
         "HVDKERAS_SHM_ALLREDUCE",
+        "HVDKERAS_SHM_ARENA_BYTES",
     )
 
 
@@ -211,7 +213,13 @@ def test_allreduce_chunk_bytes_parsed(raw, expected):
     assert engine_config_from_env({CHUNK: raw}).allreduce_chunk_bytes == expected
 
 
-@pytest.mark.parametrize("key", [FUSION, CACHE, CHUNK])
+@pytest.mark.parametrize("raw, expected", [("0", 0), (" 1048576 ", 1 << 20)])
+def test_shm_arena_bytes_parsed(raw, expected):
+    assert EngineConfig().shm_arena_bytes == 64 << 20
+    assert engine_config_from_env({ARENA: raw}).shm_arena_bytes == expected
+
+
+@pytest.mark.parametrize("key", [FUSION, CACHE, CHUNK, ARENA])
 @pytest.mark.parametrize("raw", ["abc", "1.5", "1e6", "0x10", "12kb", "one", "--1", "nan"])
 def test_integer_knobs_reject_non_integers(key, raw):
     with pytest.raises(ValueError) as excinfo:

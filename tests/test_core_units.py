@@ -33,6 +33,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "fusion_planner": ("fusion_planner", "common"),
     "half": (),
     "message": ("message", "common"),
+    "range_allocator": ("range_allocator",),
     "reduce_kernels": ("reduce_kernels",),
     "response_cache": ("response_cache", "message", "common"),
     "scaling": ("scaling", "common"),

@@ -28,6 +28,7 @@ AUTOTUNE = "HVDKERAS_AUTOTUNE"
 AUTOTUNE_LOG = "HVDKERAS_AUTOTUNE_LOG"
 ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
 SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
+SHM_ARENA_BYTES = "HVDKERAS_SHM_ARENA_BYTES"
 # Set by the launcher: the number of ranks it started. init() compares it with
 # MPI's world size to catch an mpiexec of another MPI (N worlds of size 1).
 EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"
@@ -62,6 +63,7 @@ _ALIAS_OF = {ours: theirs for theirs, ours in HOROVOD_ALIASES.items()}
 MAX_FUSION_THRESHOLD = 1 << 40  # 1 TiB
 MAX_CACHE_CAPACITY = 1 << 20
 MAX_CYCLE_TIME_MS = 60_000.0
+MAX_SHM_ARENA_BYTES = 1 << 40
 MAX_SECONDS = 7 * 24 * 3600.0
 
 
@@ -90,6 +92,10 @@ class EngineConfig:
             each piece in cache (0: one call per buffer).
         shm_allreduce: When every rank runs on one host, reduce through a
             shared-memory window of the engine's own instead of MPI calls.
+        shm_arena_bytes: Shared memory per rank that results of the
+            shared-memory allreduce live in, so they are not copied out (less
+            when /dev/shm has less room; 0: always copy out). See Note
+            [shared outputs] in ops/core/shm_arena.h.
         fusion_threshold_fixed: Whether the user set the fusion threshold.
         cycle_time_fixed: Whether the user set the cycle time.
     """
@@ -105,6 +111,7 @@ class EngineConfig:
     autotune_log: str = ""
     allreduce_chunk_bytes: int = 1024 * 1024
     shm_allreduce: bool = True
+    shm_arena_bytes: int = 64 * 1024 * 1024
     fusion_threshold_fixed: bool = False
     cycle_time_fixed: bool = False
 
@@ -242,6 +249,8 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
                                          defaults.allreduce_chunk_bytes, 0,
                                          MAX_FUSION_THRESHOLD),
         shm_allreduce=parse_bool(env, SHM_ALLREDUCE, default=True),
+        shm_arena_bytes=_parse_int(env, SHM_ARENA_BYTES, defaults.shm_arena_bytes, 0,
+                                   MAX_SHM_ARENA_BYTES),
         fusion_threshold_fixed=bool(env.get(key(FUSION_THRESHOLD), "").strip()),
         cycle_time_fixed=bool(env.get(key(CYCLE_TIME), "").strip()),
     )

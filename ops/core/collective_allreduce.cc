@@ -60,9 +60,26 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   const bool finalize = divisor != 1 || first.postscale != 1.0;
 
   if (IsSingleTensor(batch)) {
-    // A lone tensor is reduced straight into its output: the input itself
-    // when nothing else holds it, else a pooled block (reused pages).
     TensorRef& t = batch[0]->tensors[0];
+    const int64_t n = NumElements(t.shape);
+    const char* input = static_cast<const char*>(t.input);
+    auto fill_single = [&](int64_t b, int64_t e, char* dst) {
+      ScaleCopy(dtype, input + b * static_cast<int64_t>(element), dst, e - b, first.prescale);
+    };
+    const bool shm = ctx.shm && TensorBytes(t) >= kShmMinBytes;
+    if (shm) {
+      // See Note [shared outputs]: the result stays where it was reduced.
+      std::shared_ptr<char> shared;
+      {
+        Activity activity(ctx, batch, "SHM_ALLREDUCE");
+        Status s = ctx.shm->RunShared(n, dtype, first.reduce_op, divisor, first.postscale,
+                                      fill_single, !t.output && t.adopt_output, &shared);
+        if (!s.ok()) return s;
+      }
+      if (shared) return t.adopt_output(shared, shared.get());
+    }
+    // Else the lone tensor is reduced straight into its output: the input
+    // itself when nothing else holds it, else a pooled block (reused pages).
     std::shared_ptr<char> block;
     if (!t.output && !(t.reuse_input && t.reuse_input(&t.output)) && t.adopt_output &&
         ctx.blocks) {
@@ -71,15 +88,10 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     }
     Status s = EnsureOutput(t);
     if (!s.ok()) return s;
-    const int64_t n = NumElements(t.shape);
-    if (ctx.shm && TensorBytes(t) >= kShmMinBytes) {
-      Activity shm(ctx, batch, "SHM_ALLREDUCE");
-      const char* input = static_cast<const char*>(t.input);
+    if (shm) {
+      Activity activity(ctx, batch, "SHM_ALLREDUCE");
       s = ctx.shm->Run(static_cast<char*>(t.output), n, dtype, first.reduce_op, divisor,
-                       first.postscale, [&](int64_t b, int64_t e, char* dst) {
-                         ScaleCopy(dtype, input + b * static_cast<int64_t>(element), dst, e - b,
-                                   first.prescale);
-                       });
+                       first.postscale, fill_single);
       if (!s.ok()) return s;
     } else {
       const void* send = t.input == t.output ? nullptr : t.input;
@@ -115,22 +127,31 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
       any_adopts = any_adopts || static_cast<bool>(t.adopt_output);
     }
   }
-  // With outputs that can live in engine memory, the fused buffer becomes
-  // their storage: one copy in, none back.
-  std::shared_ptr<char> block;
-  if (any_adopts && ctx.blocks) block = ctx.blocks->Acquire(total_bytes);
-  char* buffer = block ? block.get() : ctx.buffer.Get(total_bytes);
-  const int64_t total = total_bytes / static_cast<int64_t>(element);
   auto fill = [&](int64_t b, int64_t e, char* dst) {
     FillFused(tensors, offsets, total_bytes, dtype, first.prescale, b, e, dst);
   };
-  if (ctx.shm && total_bytes >= kShmMinBytes) {
+  const int64_t total = total_bytes / static_cast<int64_t>(element);
+  const bool shm = ctx.shm && total_bytes >= kShmMinBytes;
+  std::shared_ptr<char> block;
+  if (shm) {
+    // See Note [shared outputs]: the results stay where they were reduced.
+    Activity activity(ctx, batch, "SHM_ALLREDUCE");
+    Status s = ctx.shm->RunShared(total, dtype, first.reduce_op, divisor, first.postscale, fill,
+                                  any_adopts, &block);
+    if (!s.ok()) return s;
+  }
+  const bool shared = static_cast<bool>(block);
+  // With outputs that can live in engine memory, the fused buffer becomes
+  // their storage: one copy in, none back.
+  if (!shared && any_adopts && ctx.blocks) block = ctx.blocks->Acquire(total_bytes);
+  char* buffer = block ? block.get() : ctx.buffer.Get(total_bytes);
+  if (!shared && shm) {
     // The inputs go straight into shared memory; the results land in buffer.
-    Activity shm(ctx, batch, "SHM_ALLREDUCE");
+    Activity activity(ctx, batch, "SHM_ALLREDUCE");
     Status s = ctx.shm->Run(buffer, total, dtype, first.reduce_op, divisor, first.postscale,
                             fill);
     if (!s.ok()) return s;
-  } else {
+  } else if (!shared) {
     {
       Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
       fill(0, total, buffer);

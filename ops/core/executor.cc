@@ -62,7 +62,7 @@ std::string TensorArgs(const Request& r) {
 Status Executor::Open(const MpiContext* mpi, const EngineConfig& config) {
   mpi_ = mpi;
   if (!config.shm_allreduce) return Status::OK();
-  return shm_.Open(mpi->comm(), config.allreduce_chunk_bytes);
+  return shm_.Open(mpi->comm(), config.allreduce_chunk_bytes, config.shm_arena_bytes);
 }
 
 void Executor::Close(bool collective) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/block_pool.h"
 #include "core/reduce_kernels.h"
 #include "core/scaling.h"
 
@@ -11,13 +12,18 @@ namespace hvdkeras {
 
 namespace {
 
-// The barrier counter sits in its own cache line ahead of the staging area.
+// The barrier counter and the posted block offset sit in their own cache
+// line ahead of the staging area.
 constexpr int64_t kControlBytes = 64;
+constexpr int64_t kPostedAt = 8;
 
 }  // namespace
 
-Status ShmAllreduce::Open(MPI_Comm comm, int64_t chunk_bytes) {
+Status ShmAllreduce::Open(MPI_Comm comm, int64_t chunk_bytes, int64_t arena_bytes) {
   Close(false);
+  comm_ = comm;
+  arena_bytes_ = arena_bytes;
+  arena_tried_ = false;
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
   if (size_ < 2) return Status::OK();
@@ -44,14 +50,17 @@ Status ShmAllreduce::Open(MPI_Comm comm, int64_t chunk_bytes) {
     win_ = MPI_WIN_NULL;
     return Status::OK();
   }
+  scratch_.assign(static_cast<size_t>(piece_bytes_ / size_ + kControlBytes), 0);
   staging_.assign(size_, nullptr);
   arrivals_.assign(size_, nullptr);
+  posted_.assign(size_, nullptr);
   for (int r = 0; r < size_; ++r) {
     MPI_Aint size = 0;
     int disp = 0;
     char* peer = nullptr;
     MPI_Win_shared_query(win_, r, &size, &disp, &peer);
     arrivals_[r] = reinterpret_cast<uint64_t*>(peer);
+    posted_[r] = reinterpret_cast<int64_t*>(peer + kPostedAt);
     staging_[r] = peer + kControlBytes;
   }
   __atomic_store_n(arrivals_[rank_], uint64_t{0}, __ATOMIC_RELEASE);
@@ -66,8 +75,10 @@ void ShmAllreduce::Close(bool collective) {
   if (win_ != MPI_WIN_NULL && collective) MPI_Win_free(&win_);
   win_ = MPI_WIN_NULL;
   active_ = false;
+  arena_.Close();
   staging_.clear();
   arrivals_.clear();
+  posted_.clear();
 }
 
 void ShmAllreduce::Barrier() {
@@ -115,6 +126,58 @@ Status ShmAllreduce::Run(char* out, int64_t count, DataType dtype, ReduceOp op, 
       std::memcpy(out + (offset + b) * element, staging_[r] + half + b * element, (e - b) * element);
     }
   }
+  return Status::OK();
+}
+
+Status ShmAllreduce::RunShared(int64_t count, DataType dtype, ReduceOp op, int divisor,
+                               double postscale, const Fill& fill, bool wanted,
+                               std::shared_ptr<char>* block) {
+  block->reset();
+  if (!arena_.active()) {
+    if (arena_tried_) return Status::OK();
+    // Every rank gets here in the same op, so the arena is made (or, with
+    // some rank's size 0, refused) together.
+    arena_tried_ = true;
+    arena_.Open(comm_, arena_bytes_);
+    if (!arena_.active()) return Status::OK();
+  }
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  int64_t offset = -1;
+  std::shared_ptr<char> mine;
+  if (wanted) mine = arena_.Acquire(AlignUp(count * element), &offset);
+  __atomic_store_n(posted_[rank_], offset, __ATOMIC_RELAXED);  // published by the barrier
+  Barrier();
+  std::vector<char*> blocks(size_);
+  for (int r = 0; r < size_; ++r) {
+    const int64_t at = __atomic_load_n(posted_[r], __ATOMIC_RELAXED);
+    if (at < 0) return Status::OK();  // some rank is full: all take the staging way
+    blocks[r] = arena_.Region(r) + at;
+  }
+  const int64_t piece = std::max<int64_t>(1, piece_bytes_ / element);
+  const bool finalize = divisor != 1 || postscale != 1.0;
+  for (int64_t first = 0; first < count; first += piece) {
+    const int64_t n = std::min(piece, count - first);
+    fill(first, first + n, blocks[rank_] + first * element);
+    Barrier();
+    // My slice of the piece, combined in rank order as Run does. Not in
+    // place in my block: that is one of the inputs, still needed after the
+    // first step when there are more than two ranks.
+    const int64_t at = (first + n * rank_ / size_) * element;
+    const int64_t len = n * (rank_ + 1) / size_ - n * rank_ / size_;
+    char* slice = scratch_.data();
+    for (int r = 1; r < size_; ++r) {
+      const void* acc = r == 1 ? static_cast<const void*>(blocks[0] + at) : slice;
+      if (!Reduce(dtype, op, slice, acc, blocks[r] + at, len)) {
+        return Status::Error(StatusCode::kInvalidArgument, "allreduce of an unreducible dtype");
+      }
+    }
+    if (finalize) FinalizeCopy(dtype, slice, slice, len, divisor, postscale);
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(blocks[r] + at, slice, static_cast<size_t>(len * element));
+    }
+  }
+  Barrier();  // every slice is in every block
+  *block = std::move(mine);
   return Status::OK();
 }
 

@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/common.h"
+#include "core/shm_arena.h"
 
 namespace hvdkeras {
 
@@ -29,8 +31,9 @@ class ShmAllreduce {
   // Collective over `comm`. Stays inactive (and returns OK) when the ranks do
   // not all share one host, there is only one rank, or the window cannot be
   // made on every rank. Pieces are as long as the MPI chunks (`chunk_bytes`;
-  // 4 MiB when those are off), at least 64 KiB.
-  Status Open(MPI_Comm comm, int64_t chunk_bytes);
+  // 4 MiB when those are off), at least 64 KiB. Results may live in shared
+  // memory (RunShared) up to `arena_bytes` per rank; 0 turns that off.
+  Status Open(MPI_Comm comm, int64_t chunk_bytes, int64_t arena_bytes);
   // Collective: frees the window. `collective` false just forgets it (after
   // a failure, when the other ranks may not get here).
   void Close(bool collective);
@@ -43,18 +46,34 @@ class ShmAllreduce {
   Status Run(char* out, int64_t count, DataType dtype, ReduceOp op, int divisor,
              double postscale, const Fill& fill);
 
+  // Like Run, but the result lands in a block of shared memory that is
+  // handed back in *block, to become the outputs' storage (Note [shared
+  // outputs] in shm_arena.h). Leaves *block null on every rank, having done
+  // nothing else, when some rank has no room or did not want a block
+  // (`wanted` false: its outputs cannot live in engine memory): then call
+  // Run. Every rank calls it for the same ops whatever it wants, since the
+  // arena is made at the first call, collectively.
+  Status RunShared(int64_t count, DataType dtype, ReduceOp op, int divisor, double postscale,
+                   const Fill& fill, bool wanted, std::shared_ptr<char>* block);
+
  private:
   void Barrier();
 
   bool active_ = false;
+  MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
+  ShmArena arena_;
+  int64_t arena_bytes_ = 0;
+  bool arena_tried_ = false;
   int rank_ = 0;
   int size_ = 1;
   int64_t piece_bytes_ = 0;
   uint64_t epoch_ = 0;
   int64_t pieces_done_ = 0;
+  std::vector<char> scratch_;          // one rank's slice of a piece (RunShared)
   std::vector<char*> staging_;         // per rank: two halves of piece_bytes_
   std::vector<uint64_t*> arrivals_;    // per rank: barrier counter
+  std::vector<int64_t*> posted_;       // per rank: its block's offset in its region, or -1
 };
 
 }  // namespace hvdkeras

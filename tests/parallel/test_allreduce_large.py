@@ -64,3 +64,27 @@ def test_large_input_reduced_in_place_inside_a_function():
 
     for _ in range(3):  # repeated: buffers come back from the pool
         assert_exact(step(base), expected(hvd.Sum, LONE, tf.float32) * 2)
+
+
+def test_large_results_held_while_later_ones_are_reduced():
+    """Results kept alive stay intact while later allreduces run.
+
+    Results of the shared-memory allreduce live in shared memory until the
+    framework releases them (Note [shared outputs] in ops/core/shm_arena.h);
+    later collectives must take other memory, or the staging way when the
+    region is full (test_collectives_mpi.py runs this file with a 1 MiB
+    region too, so some results fit and some do not).
+    """
+    held = []
+    for i in range(12):
+        lone = hvd.allreduce(mine(hvd.Sum, LONE, tf.float32) + float(i), op=hvd.Sum,
+                             name=f"held_lone_{i}")
+        group = hvd.grouped_allreduce([mine(hvd.Sum, s, tf.float64) * float(i) for s in GROUP],
+                                      op=hvd.Sum, name=f"held_group_{i}")
+        held.append((i, lone, group))
+    for i, lone, group in held:
+        assert_exact(lone, expected(hvd.Sum, LONE, tf.float32) + float(i * hvd.size()),
+                     f"lone result {i}")
+        for shape, result in zip(GROUP, group):
+            assert_exact(result, expected(hvd.Sum, shape, tf.float64) * float(i),
+                         f"group result {i} {shape}")

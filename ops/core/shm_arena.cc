@@ -1,0 +1,110 @@
+#include "core/shm_arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+namespace hvdkeras {
+
+namespace {
+
+constexpr int kNameBytes = 64;
+constexpr int64_t kPage = 4096;
+
+// Room for every rank of the host in /dev/shm, with half of it left for
+// everything else that uses it (MPI's own shared memory among them).
+int64_t RoomPerRank(int local_ranks) {
+  struct statvfs fs;
+  if (statvfs("/dev/shm", &fs) != 0) return 0;
+  const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  return free_bytes / 2 / std::max(1, local_ranks);
+}
+
+char* MapRegion(const char* name, int64_t bytes, bool create) {
+  const int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
+  if (fd < 0) return nullptr;
+  bool ok = !create || posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
+  void* base = ok ? mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED,
+                         fd, 0)
+                  : MAP_FAILED;
+  close(fd);
+  return base == MAP_FAILED ? nullptr : static_cast<char*>(base);
+}
+
+}  // namespace
+
+ShmArena::State::~State() {
+  for (size_t r = 0; r < regions.size(); ++r) {
+    if (regions[r]) munmap(regions[r], static_cast<size_t>(sizes[r]));
+  }
+}
+
+int64_t ShmArena::region_bytes() const { return state_ ? state_->ranges.capacity() : 0; }
+
+void ShmArena::Open(MPI_Comm comm, int64_t bytes) {
+  Close();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  bytes = std::min(bytes, RoomPerRank(size)) / kPage * kPage;
+  static std::atomic<uint64_t> opened{0};
+  char name[kNameBytes] = {0};
+  std::snprintf(name, sizeof(name), "/hvdkeras-%d-%llu", static_cast<int>(getpid()),
+                static_cast<unsigned long long>(opened++));
+  auto state = std::make_shared<State>();
+  state->rank = rank;
+  state->regions.assign(size, nullptr);
+  state->sizes.assign(size, 0);
+  char* mine = bytes > 0 ? MapRegion(name, bytes, /*create=*/true) : nullptr;
+  int ok = mine != nullptr;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  if (ok) {
+    state->regions[rank] = mine;
+    state->sizes[rank] = bytes;
+    std::vector<char> names(static_cast<size_t>(kNameBytes) * size);
+    std::vector<int64_t> sizes(size);
+    MPI_Allgather(name, kNameBytes, MPI_CHAR, names.data(), kNameBytes, MPI_CHAR, comm);
+    MPI_Allgather(&bytes, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm);
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      state->sizes[r] = sizes[r];
+      state->regions[r] = MapRegion(&names[static_cast<size_t>(r) * kNameBytes], sizes[r], false);
+      if (!state->regions[r]) ok = 0;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  } else if (mine) {
+    munmap(mine, static_cast<size_t>(bytes));
+  }
+  // Every rank has mapped what it could: the names can go, so nothing is
+  // left behind in /dev/shm whatever happens to the job later.
+  MPI_Barrier(comm);
+  if (bytes > 0) shm_unlink(name);
+  if (!ok) return;  // `state` unmaps whatever was mapped
+  state->ranges = RangeAllocator(bytes);
+  state_ = std::move(state);
+}
+
+std::shared_ptr<char> ShmArena::Acquire(int64_t bytes, int64_t* offset) {
+  *offset = -1;
+  if (!state_) return nullptr;
+  std::shared_ptr<State> state = state_;
+  int64_t at = -1;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    at = state->ranges.Allocate(bytes);
+  }
+  if (at < 0) return nullptr;
+  *offset = at;
+  return std::shared_ptr<char>(state->regions[state->rank] + at, [state, at, bytes](char*) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->ranges.Free(at, bytes);
+  });
+}
+
+}  // namespace hvdkeras
