@@ -159,6 +159,14 @@ def test_ci_builds_the_gpu_part_where_it_must(built):
     assert c_api.build_flavor(lib) == "cuda"
 
 
+def test_gpu_part_registers_the_xla_targets_for_gpus(built):
+    """A GPU build with XLA's headers registers the CUDA custom-call targets
+    (Note [xla collectives]); a CPU build registers none for GPUs."""
+    info, lib = built
+    expected = int(bool(info["with_cuda"]) and lib.hvdkeras_xla_calls_built() == 1)
+    assert lib.hvdkeras_xla_gpu_calls_built() == expected
+
+
 def test_gpu_part_reports_what_it_was_built_with(built):
     info, lib = built
     if not info["with_cuda"]:

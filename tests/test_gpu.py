@@ -7,6 +7,8 @@ HVDKERAS_TEST_DEVICE=GPU the per-rank sessions pin one GPU per rank
 GPU:
 - the regular tests/parallel files (every reduction and dtype, bfloat16
   included; broadcast, gathers, scatters; large tensors) on the GPU;
+- the XLA files (tests/parallel/test_xla.py, keras_parallel/test_xla_training.py)
+  with HVDKERAS_XLA_GPU=1, so the collectives run as CUDA custom calls;
 - tests/parallel/gpu_ops.py: the results stay on the GPU, packing over odd
   sizes and alignments and past one copy launch, CPU and GPU tensors in one
   step;
@@ -31,10 +33,12 @@ from mpi_runner import (TEST_DEVICE, assert_every_rank_passed, describe, run_pyt
 TESTS = Path(__file__).resolve().parent
 PER_RANK_FILES = [TESTS / "parallel" / name for name in (
     "gpu_ops.py", "test_allreduce.py", "test_allreduce_large.py", "test_broadcast.py",
-    "test_gather_scatter.py", "test_gradients.py", "test_join.py")] + [
-    TESTS / "keras_parallel" / name for name in ("test_equivalence.py", "test_compression.py")]
+    "test_gather_scatter.py", "test_gradients.py", "test_join.py", "test_xla.py")] + [
+    TESTS / "keras_parallel" / name for name in ("test_equivalence.py", "test_compression.py",
+                                                 "test_xla_training.py")]
 TIMEOUT_S = 420
-GPU_ENV = {TEST_DEVICE: "GPU", "HVDKERAS_STALL_SHUTDOWN_SECONDS": "60"}
+# HVDKERAS_XLA_GPU=1: the XLA files run the collectives' CUDA custom-call targets.
+GPU_ENV = {TEST_DEVICE: "GPU", "HVDKERAS_STALL_SHUTDOWN_SECONDS": "60", "HVDKERAS_XLA_GPU": "1"}
 
 
 def _gpus() -> int:

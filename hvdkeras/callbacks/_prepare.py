@@ -18,7 +18,6 @@ from hvdkeras.training.output import print_rank0
 _noticed: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-GPU_REASON = "hvdkeras collectives have no XLA form on a GPU yet"
 UNBUILT_REASON = ("the model is built by fit() itself, inside the first step, where XLA "
                   "cannot create variables (give it a keras.Input to keep XLA on)")
 
@@ -27,8 +26,9 @@ def turn_off_xla_for_training(model: Any, reason: str = "") -> bool:
     """Turns XLA off for the model's steps if compile() turned it on.
 
     `compile(jit_compile="auto")` resolves to True on GPU machines, where the
-    hvdkeras collectives have no XLA form yet (on the CPU they do: see Note
-    [xla collectives] in ops/tf/xla_custom_calls.cc, and XLA stays on there).
+    hvdkeras collectives run under XLA only when asked for (`HVDKERAS_XLA_GPU`;
+    on the CPU they always do: see Note [xla collectives] in
+    ops/tf/xla_custom_calls.cc, and XLA stays on there).
     Clearing `train_function` makes
     `fit()` rebuild it without XLA. Prints a one-line notice (rank 0, once per
     model).
@@ -40,7 +40,8 @@ def turn_off_xla_for_training(model: Any, reason: str = "") -> bool:
         enabled = bool(model.jit_compile)
     except AttributeError:
         return False
-    if not enabled or (xla_calls.usable() and not reason):
+    why = reason or (xla_calls.refusal() if enabled else "")
+    if not enabled or not why:
         return False
     model.jit_compile = False
     compat.reset_train_function(model)
@@ -48,7 +49,7 @@ def turn_off_xla_for_training(model: Any, reason: str = "") -> bool:
         _noticed.add(model)
         print_rank0(
             f"jit_compile turned off for {getattr(model, 'name', 'the model')!r}: "
-            f"{reason or GPU_REASON}, so the train step runs without XLA."
+            f"{why}, so the train step runs without XLA."
         )
     return True
 

@@ -13,12 +13,17 @@ What may import this module: `hvdkeras.collectives.kernels`.
 from __future__ import annotations
 
 import functools
-from typing import List
+import os
+from typing import List, Mapping, Optional
 
 import tensorflow as tf
 
 from hvdkeras import compat
 from hvdkeras.engine import library
+from hvdkeras.engine.config import parse_bool
+
+# Opts in to the collectives under XLA on GPUs (the CUDA custom-call targets).
+XLA_GPU = "HVDKERAS_XLA_GPU"
 
 XLA_UNSUPPORTED = (
     "hvdkeras.{what} has no XLA form: its output's shape depends on the other ranks. "
@@ -32,10 +37,52 @@ def supported() -> bool:
     return bool(library.handle().hvdkeras_xla_calls_built())
 
 
+@functools.lru_cache(maxsize=None)
+def gpu_supported() -> bool:
+    """Whether the op library registered the targets for GPUs too."""
+    return bool(library.handle().hvdkeras_xla_gpu_calls_built())
+
+
+def gpu_opted_in(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether `HVDKERAS_XLA_GPU` asks for the collectives under XLA on GPUs."""
+    return parse_bool(os.environ if env is None else env, XLA_GPU)
+
+
+def refusal_reason(targets: bool, gpu_targets: bool, on_gpu: bool, opted_in: bool) -> str:
+    """Why a train step may not be XLA-compiled with hvdkeras collectives ("" if it may).
+
+    Pure: the facts are arguments. On GPUs the targets are opt-in
+    (`HVDKERAS_XLA_GPU=1`) until they have run on a GPU in this project's tests.
+
+    Example:
+
+    ```python
+    refusal_reason(targets=True, gpu_targets=True, on_gpu=False, opted_in=False)  # ""
+    ```
+    """
+    if not targets:
+        return "this op library was built without XLA's custom-call headers"
+    if not on_gpu:
+        return ""
+    if not gpu_targets:
+        return "this op library has no GPU part, so its collectives have no XLA form on a GPU"
+    if not opted_in:
+        return (f"hvdkeras collectives under XLA on a GPU are opt-in until verified on GPUs "
+                f"(set {XLA_GPU}=1 to use them)")
+    return ""
+
+
+def refusal() -> str:
+    """`refusal_reason` for this process."""
+    if not supported():
+        return refusal_reason(False, False, False, False)
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    return refusal_reason(True, on_gpu and gpu_supported(), on_gpu, gpu_opted_in())
+
+
 def usable() -> bool:
-    """Whether a train step may be XLA-compiled here: the targets exist and run
-    on the host, so not where TensorFlow places the step on a GPU."""
-    return supported() and not tf.config.list_logical_devices("GPU")
+    """Whether a train step may be XLA-compiled here (see `refusal_reason`)."""
+    return not refusal()
 
 
 def _engine_dtype(dtype: tf.DType) -> int:

@@ -43,6 +43,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_current_params.restype = None
     lib.hvdkeras_xla_calls_built.argtypes = []
     lib.hvdkeras_xla_calls_built.restype = ctypes.c_int
+    lib.hvdkeras_xla_gpu_calls_built.argtypes = []
+    lib.hvdkeras_xla_gpu_calls_built.restype = ctypes.c_int
     lib.hvdkeras_build_flavor.argtypes = []
     lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
     lib.hvdkeras_gpu_set_library_dirs.argtypes = [ctypes.c_char_p]

@@ -38,10 +38,9 @@ NESTING_MESSAGE = (
 )
 
 XLA_MESSAGE = (
-    "hvdkeras collectives run under XLA on the CPU only (and only when the op library was "
-    "built with XLA's headers), but this train step is being compiled with XLA on a GPU "
-    "(compile(jit_compile=True), or the default jit_compile='auto' on a GPU machine). "
-    "Pass an hvdkeras callback to fit() (e.g. hvdkeras.callbacks.BroadcastGlobalVariablesCallback, "
+    "hvdkeras collectives cannot run in this XLA-compiled train step: {why}. "
+    "(It is compiled with XLA because of compile(jit_compile=True), or the default "
+    "jit_compile='auto' on a GPU machine.) Pass an hvdkeras callback to fit() (e.g. hvdkeras.callbacks.BroadcastGlobalVariablesCallback, "
     "which turns XLA off for the train step), or call model.compile(..., jit_compile=False); "
     "in a custom loop, drop jit_compile=True from the tf.function that applies gradients."
 )
@@ -74,5 +73,7 @@ def check_not_inside_loss_scale_optimizer(optimizer: Any) -> None:
 
 def check_not_in_xla() -> None:
     """Raises RuntimeError when called while building an XLA-compiled function."""
-    if compat.in_xla_context() and not xla_calls.usable():
-        raise RuntimeError(XLA_MESSAGE)
+    if compat.in_xla_context():
+        why = xla_calls.refusal()
+        if why:
+            raise RuntimeError(XLA_MESSAGE.format(why=why))

@@ -49,6 +49,9 @@ class Device {
   // process's numbering (its PCI address): two ranks of one host must not
   // share a GPU.
   virtual std::string Identity(int device) const = 0;
+  // The GPU whose memory `data` lies in (for buffers handed over without
+  // their device, as XLA's custom calls hand them).
+  virtual Status PointerDevice(const void* data, int* device) const = 0;
 
   // Framework thread: an event marking the work queued on `framework_stream`
   // so far. Released by WaitFor.

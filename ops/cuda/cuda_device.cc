@@ -85,6 +85,18 @@ std::string CudaDevice::Identity(int device) const {
   return std::string("GPU at PCI ") + bus;
 }
 
+Status CudaDevice::PointerDevice(const void* data, int* device) const {
+  cudaPointerAttributes attributes{};
+  Status s = Check(rt_->cudaPointerGetAttributes(&attributes, data), "cudaPointerGetAttributes");
+  if (!s.ok()) return s;
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "hvdkeras GPU: a buffer handed to a GPU collective is not GPU memory");
+  }
+  *device = attributes.device;
+  return Status::OK();
+}
+
 Status CudaDevice::Check(cudaError_t result, const char* what) const {
   if (result == cudaSuccess) return Status::OK();
   std::string message = std::string("hvdkeras GPU: ") + what + " failed: " +

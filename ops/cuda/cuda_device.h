@@ -27,6 +27,7 @@ class CudaDevice : public Device {
   std::string Describe() const override;
   int DeviceCount() const override { return count_; }
   std::string Identity(int device) const override;
+  Status PointerDevice(const void* data, int* device) const override;
   Status RecordReady(int device, void* framework_stream, void** event) override;
   void Discard(void* event) override;
   Status WaitFor(int device, void* event) override;

@@ -22,7 +22,8 @@ namespace cuda {
   X(cudaStreamSynchronize) X(cudaEventCreateWithFlags) X(cudaEventRecord)                 \
   X(cudaEventDestroy) X(cudaStreamWaitEvent) X(cudaGetErrorString) X(cudaGetLastError)     \
   X(cudaRuntimeGetVersion) X(cudaDriverGetVersion) X(cudaDeviceGetAttribute)               \
-  X(cudaDeviceGetPCIBusId) X(cudaMemcpyAsync) X(cudaEventElapsedTime) X(cudaEventSynchronize)
+  X(cudaDeviceGetPCIBusId) X(cudaMemcpyAsync) X(cudaEventElapsedTime) X(cudaEventSynchronize) \
+  X(cudaPointerGetAttributes)
 
 #define HVDKERAS_DRIVER_FUNCTIONS(X)                                                      \
   X(cuInit) X(cuDeviceGet) X(cuDeviceGetName) X(cuModuleLoadData) X(cuModuleGetFunction)   \

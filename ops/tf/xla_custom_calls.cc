@@ -12,10 +12,14 @@
 // by ParseCall below: change both together). The target blocks XLA's thread
 // until the engine completes the collective, so the compiled step keeps the
 // order XLA chose, and the other ranks' steps meet it by name as in graph
-// mode. Only host (CPU) buffers: XLA on a GPU would call a target of the
-// CUDA platform, which does not exist yet, so Python keeps XLA off there.
+// mode. On a GPU (builds with the GPU part) the same names are registered
+// for the CUDA platform: XLA hands its stream and device buffers, which go to
+// the engine as GPU tensors produced and consumed on that stream (Note
+// [stream order] in core/device.h), so the call blocks only until the
+// engine has queued the collective and made XLA's stream wait for it.
 // Built only when TensorFlow ships XLA's custom-call headers
-// (HVDKERAS_HAS_XLA_CALLS); `hvdkeras_xla_calls_built()` tells Python.
+// (HVDKERAS_HAS_XLA_CALLS); `hvdkeras_xla_calls_built()` tells Python, and
+// `hvdkeras_xla_gpu_calls_built()` whether the GPU targets exist.
 #if __has_include("xla/service/custom_call_target_registry.h") && \
     __has_include("xla/service/custom_call_status_internal.h")
 #define HVDKERAS_HAS_XLA_CALLS 1
@@ -31,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/engine_api.h"
 
 #if HVDKERAS_HAS_XLA_CALLS
@@ -170,11 +175,96 @@ void Broadcast(void* out, const void** in, const char* opaque, size_t length,
           out, in, opaque, length, status);
 }
 
+#if HVDKERAS_CUDA
+// GPU targets: XLA passes its stream and one array of device buffers, the
+// operands first and then the results.
+std::vector<TensorRef> DeviceRefs(const XlaCall& call, void* stream, void** buffers,
+                                  Status* status) {
+  const size_t count = call.shapes.size();
+  const DeviceBackend* backend = GetDeviceBackend();
+  std::string why;
+  Device* device = backend ? backend->device(&why) : nullptr;
+  if (device == nullptr) {
+    *status = Status::Error(StatusCode::kPreconditionError,
+                            "hvdkeras XLA on a GPU, but no GPU is usable: " + why);
+    return {};
+  }
+  const void* any = nullptr;
+  for (size_t i = 0; i < 2 * count && any == nullptr; ++i) any = buffers[i];
+  int ordinal = -1;
+  *status = any ? device->PointerDevice(any, &ordinal)
+                : Status::Error(StatusCode::kInvalidArgument,
+                                "hvdkeras XLA on a GPU: every tensor of '" + call.name +
+                                    "' is empty; leave such collectives out of the compiled step");
+  if (!status->ok()) return {};
+  std::vector<TensorRef> refs(count);
+  for (size_t i = 0; i < count; ++i) {
+    refs[i].input = buffers[i];
+    refs[i].output = buffers[count + i];
+    refs[i].dtype = call.dtype;
+    refs[i].shape = call.shapes[i];
+    refs[i].device = ordinal;
+    refs[i].framework_stream = stream;
+  }
+  return refs;
+}
+
+void RunDeviceCall(const char* what, const Enqueue& enqueue, void* stream, void** buffers,
+                   const char* opaque, size_t length, XlaCustomCallStatus* status) {
+  XlaCall call;
+  std::string error;
+  if (!ParseCall(opaque, length, &call, &error)) {
+    Report(Status::Error(StatusCode::kInvalidArgument,
+                         std::string("hvdkeras XLA ") + what + ": " + error),
+           status);
+    return;
+  }
+  Status placed = Status::OK();
+  std::vector<TensorRef> refs = DeviceRefs(call, stream, buffers, &placed);
+  if (!placed.ok()) {
+    Report(placed, status);
+    return;
+  }
+  // The engine calls `done` once XLA's stream waits for the results
+  // (Note [stream order]); nothing here waits for the GPU itself.
+  std::promise<Status> finished;
+  std::future<Status> result = finished.get_future();
+  Status queued = enqueue(call, std::move(refs),
+                          [&finished](const Status& s) { finished.set_value(s); });
+  Report(queued.ok() ? result.get() : queued, status);
+}
+
+void DeviceAllreduce(void* stream, void** buffers, const char* opaque, size_t length,
+                     XlaCustomCallStatus* status) {
+  RunDeviceCall("allreduce",
+                [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
+                  return EnqueueAllreduce(c.name, std::move(refs),
+                                          static_cast<ReduceOp>(c.reduce_op), c.prescale,
+                                          c.postscale, c.process_set, std::move(done));
+                },
+                stream, buffers, opaque, length, status);
+}
+
+void DeviceBroadcast(void* stream, void** buffers, const char* opaque, size_t length,
+                     XlaCustomCallStatus* status) {
+  RunDeviceCall("broadcast",
+                [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
+                  return EnqueueBroadcast(c.name, std::move(refs), c.root_rank, c.process_set,
+                                          std::move(done));
+                },
+                stream, buffers, opaque, length, status);
+}
+#endif  // HVDKERAS_CUDA
+
 struct Registration {
   Registration() {
     auto* registry = xla::CustomCallTargetRegistry::Global();
     registry->Register("hvdkeras_allreduce", reinterpret_cast<void*>(&Allreduce), "Host");
     registry->Register("hvdkeras_broadcast", reinterpret_cast<void*>(&Broadcast), "Host");
+#if HVDKERAS_CUDA
+    registry->Register("hvdkeras_allreduce", reinterpret_cast<void*>(&DeviceAllreduce), "CUDA");
+    registry->Register("hvdkeras_broadcast", reinterpret_cast<void*>(&DeviceBroadcast), "CUDA");
+#endif
   }
 };
 const Registration registration;
@@ -185,3 +275,11 @@ const Registration registration;
 
 // Whether this library registered its XLA custom-call targets (1) or not (0).
 extern "C" int hvdkeras_xla_calls_built() { return HVDKERAS_HAS_XLA_CALLS; }
+// Whether it registered them for GPUs as well.
+extern "C" int hvdkeras_xla_gpu_calls_built() {
+#if HVDKERAS_CUDA
+  return HVDKERAS_HAS_XLA_CALLS;
+#else
+  return 0;
+#endif
+}

@@ -57,7 +57,8 @@ def test_on_a_gpu_an_hvdkeras_callback_turns_xla_off(capsys, as_if_on_a_gpu):
 def test_on_a_gpu_jit_compile_without_callbacks_names_the_fix(as_if_on_a_gpu):
     model = _compiled(jit_compile=True)
     x, y = regression_data(seed=31, rows=8)
-    with pytest.raises(RuntimeError, match="XLA on the CPU only.*jit_compile=False"):
+    with pytest.raises(RuntimeError, match="cannot run in this XLA-compiled train step: .*GPU.*"
+                       "jit_compile=False"):
         model.fit(x, y, batch_size=4, verbose=0)
 
 

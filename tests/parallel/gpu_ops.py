@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import hvdkeras as hvd
+from hvdkeras.collectives import xla_calls
 from parallel_helpers import (ALLREDUCE_DTYPES, MODES, WORLD_RANK, WORLD_SIZE, as_dtype,
                               assert_exact, ids, run, tensor)
 
@@ -99,3 +100,18 @@ def test_cpu_and_gpu_tensors_in_one_step(mode):
     assert "CPU" in on_cpu.device and "GPU" in on_gpu.device
     assert_exact(on_cpu, sum(np.arange(4) + r for r in range(WORLD_SIZE)).astype(np.float32))
     assert_exact(on_gpu, sum(np.arange(3) * (r + 1) for r in range(WORLD_SIZE)).astype(np.int64))
+
+
+@pytest.mark.skipif(not xla_calls.gpu_supported(), reason="no XLA custom-call targets for GPUs")
+def test_xla_compiled_step_reduces_on_the_gpu():
+    """The CUDA custom-call targets (Note [xla collectives]): a compiled step on the GPU."""
+    @tf.function(jit_compile=True)
+    def step(x):
+        return hvd.allreduce(x * 2.0, op=hvd.Sum, name="xla_gpu_sum")
+
+    with tf.device("/GPU:0"):
+        for _ in range(2):
+            got = step(tensor(np.arange(6).reshape(2, 3) + WORLD_RANK, tf.float32))
+            assert "GPU" in got.device, got.device
+            expected = sum(2.0 * (np.arange(6).reshape(2, 3) + r) for r in range(WORLD_SIZE))
+            assert_exact(got, expected.astype(np.float32))

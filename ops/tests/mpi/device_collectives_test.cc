@@ -49,6 +49,10 @@ class HostDevice : public hvdkeras::Device {
   std::string Describe() const override { return "host stand-in"; }
   int DeviceCount() const override { return 1; }
   std::string Identity(int) const override { return "stand-in"; }
+  Status PointerDevice(const void*, int* device) const override {
+    *device = 0;
+    return Status::OK();
+  }
   Status RecordReady(int, void*, void** event) override {
     *event = nullptr;
     return Status::OK();
