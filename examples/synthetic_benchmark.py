@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,12 +169,50 @@ def timeline_breakdown(path: str) -> Dict[str, float]:
             "busy_ms": union_ms(both), "span_ms": span}
 
 
-def run_scaling(args: argparse.Namespace, argv: List[str]) -> None:
+def timeline_overlap(path: str, pattern: str = r"gradients(_\d+)?$") -> Dict[str, float]:
+    """How far the gradient reductions overlap the backward pass, per step.
+
+    The gradient group submitted last holds the first layers' gradients, the
+    last ones back-propagation computes, so its submission marks the end of
+    the backward pass. A step overlaps when the first group's reduction
+    starts before that: `lead_ms` (median over steps) is by how much, and
+    `overlapped` the fraction of steps where it does. Gradient groups are the
+    ops whose names match `pattern` (DistributedOptimizer names them
+    "<optimizer>_gradients_<group>").
+    """
+    with open(path) as f:
+        events = json.load(f)
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    submitted: Dict[str, List[float]] = {}
+    started: Dict[str, List[float]] = {}
+    depth: Dict[int, int] = {}
+    for e in events:
+        name = names.get(e.get("pid"), "")
+        if not re.search(pattern, name) or e.get("ph") not in ("B", "E"):
+            continue
+        if e["ph"] == "E":
+            depth[e["pid"]] = depth.get(e["pid"], 1) - 1
+            continue
+        if depth.get(e["pid"], 0) == 0:
+            target = submitted if e["name"].startswith("NEGOTIATE") else started
+            target.setdefault(name, []).append(e["ts"])
+        depth[e["pid"]] = depth.get(e["pid"], 0) + 1
+    groups = sorted(set(submitted) & set(started))
+    steps = min((min(len(submitted[g]), len(started[g])) for g in groups), default=0)
+    leads = [(max(submitted[g][k] for g in groups) - min(started[g][k] for g in groups)) / 1000.0
+             for k in range(steps)]
+    if not leads:
+        return {"groups": len(groups), "lead_ms": 0.0, "overlapped": 0.0}
+    return {"groups": len(groups), "lead_ms": statistics.median(leads),
+            "overlapped": sum(1 for x in leads if x > 0) / len(leads)}
+
+
+def run_scaling(args: argparse.Namespace, argv: List[str], work: str) -> None:
     n = args.scaling
     passthrough = list(argv)
     at = next(i for i, a in enumerate(passthrough) if a.startswith("--scaling"))
     del passthrough[at:at + (1 if "=" in passthrough[at] else 2)]
-    work = tempfile.mkdtemp(prefix="synthetic-benchmark-")
     cores = os.cpu_count() or 1
 
     def launch(np_: int, tag: str, extra: List[str]) -> dict:
@@ -218,12 +258,24 @@ def run_scaling(args: argparse.Namespace, argv: List[str]) -> None:
               f"{b['negotiate_ms'] / steps:.1f} ms, collectives {b['execute_ms'] / steps:.1f} ms, "
               f"rest (compute not hidden by them) "
               f"{ranks['step_ms'] - b['busy_ms'] / steps:.1f} ms")
+        o = timeline_overlap(timeline)
+        if o["groups"] > 1:
+            print(f"overlap with the backward pass ({o['groups']} gradient groups): the first "
+                  f"reduction starts {o['lead_ms']:.1f} ms (median) before the last group is "
+                  f"submitted, in {100 * o['overlapped']:.0f}% of steps")
+        else:
+            print("overlap with the backward pass: none (one gradient group waits for every "
+                  "gradient; --num-groups splits it)")
 
 
 def main(argv: List[str]) -> None:
     args = parse_args(argv)
     if args.scaling:
-        run_scaling(args, argv)
+        work = tempfile.mkdtemp(prefix="synthetic-benchmark-")
+        try:
+            run_scaling(args, argv, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     else:
         run_worker(args)
 

@@ -75,3 +75,32 @@ def test_timeline_breakdown_unions_the_top_level_events(tmp_path):
     path.write_text(__import__("json").dumps(events))
     got = module.timeline_breakdown(str(path))
     assert got == {"negotiate_ms": 1.0, "execute_ms": 1.5, "busy_ms": 2.5, "span_ms": 2.5}
+
+
+def test_timeline_overlap_finds_reductions_started_before_the_last_group(tmp_path):
+    """Pure: two gradient groups over two steps; in the first step group 1's
+    reduction starts 3 ms before group 0 (the first layers) is submitted, in
+    the second step only after it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("synthetic_benchmark", SYNTHETIC)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def op(pid, submitted, started, ended):
+        return [{"ph": "B", "pid": pid, "ts": submitted, "name": "NEGOTIATE_ALLREDUCE"},
+                {"ph": "E", "pid": pid, "ts": started},
+                {"ph": "B", "pid": pid, "ts": started, "name": "ALLREDUCE"},
+                {"ph": "B", "pid": pid, "ts": started + 10, "name": "SHM_ALLREDUCE"},
+                {"ph": "E", "pid": pid, "ts": ended - 10}, {"ph": "E", "pid": pid, "ts": ended}]
+
+    names = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
+             for pid, name in ((1, "call/sgd_gradients_0"), (2, "call/sgd_gradients_1"),
+                               (3, "metrics_sum"))]
+    events = (names + op(2, 0, 1000, 2000) + op(1, 4000, 4500, 6000) + op(3, 0, 10, 20)
+              + op(2, 10000, 10500, 11000) + op(1, 10200, 11000, 12000))
+    path = tmp_path / "t.json"
+    path.write_text(__import__("json").dumps(events))
+    got = module.timeline_overlap(str(path))
+    assert got["groups"] == 2
+    assert got["overlapped"] == 0.5
+    assert got["lead_ms"] == pytest.approx((3.0 + -0.3) / 2)
