@@ -2,6 +2,7 @@
 
     hvdkerasrun -np 2 python train.py
     hvdkerasrun -np 4 -H a:2,b:2 --fusion-threshold-mb 32 --max-restarts 2 python train.py
+    hvdkerasrun python train.py     # inside a Slurm allocation: its hosts and tasks
 
 What may import this module: the `hvdkerasrun` console script. It imports
 neither TensorFlow nor mpi4py: the launcher starts in a fraction of a second.
@@ -15,7 +16,8 @@ import subprocess
 import sys
 from typing import Sequence
 
-from hvdkeras.runner import mpi_env
+from hvdkeras.runner import mpi_env, slurm
+from hvdkeras.runner.hosts import hosts_argument
 from hvdkeras.runner.knobs import LOG_LEVELS, Knobs, knob_env
 from hvdkeras.runner.launch import launch, resolve_mpiexec
 from hvdkeras.runner.restart import log
@@ -29,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
         usage="hvdkerasrun -np N [-H HOSTS | --hostfile FILE] [options] COMMAND [ARGS...]",
         description="Run COMMAND on N ranks with the mpiexec of the MPI that mpi4py loads, "
                     "rank-prefixed output, fail-fast and restarts.")
-    p.add_argument("-np", "--num-proc", "-n", dest="np", type=int, help="number of ranks")
-    p.add_argument("-H", "--hosts", help="hosts and slots, e.g. a:2,b:2 (default: this machine)")
+    p.add_argument("-np", "--num-proc", "-n", dest="np", type=int,
+                   help="number of ranks (default in a Slurm allocation: SLURM_NTASKS)")
+    p.add_argument("-H", "--hosts", help="hosts and slots, e.g. a:2,b:2 (default: this machine, "
+                   "or the hosts and tasks of the Slurm allocation)")
     p.add_argument("--hostfile", "-hostfile", help="file of 'host slots=N' lines")
     g = p.add_argument_group("engine knobs (HVDKERAS_* variables for every rank)")
     g.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (0: no fusion)")
@@ -70,8 +74,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # In a fresh interpreter: `hvdkerasrun` runs without importing TensorFlow.
         return subprocess.call([sys.executable, "-m", "hvdkeras.cli", "check"])
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        # Inside a Slurm allocation its hosts and task count are the defaults.
+        slurm_hosts = None if args.hosts or args.hostfile else slurm.allocation_hosts(os.environ)
+        if args.np is None:
+            args.np = slurm.allocation_np(os.environ)
+    except ValueError as exc:
+        print(f"hvdkerasrun: error: {exc}", file=sys.stderr)
+        return 2
+    if slurm_hosts:
+        args.hosts = hosts_argument(slurm_hosts)
+        log(f"hosts from the Slurm allocation: {args.hosts}")
     if args.np is None:
-        parser.error("-np N is required")
+        parser.error("-np N is required (outside a Slurm allocation)")
     if not command:
         parser.error("no COMMAND given (e.g. hvdkerasrun -np 2 python train.py)")
     knobs = Knobs(

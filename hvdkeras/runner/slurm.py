@@ -1,0 +1,141 @@
+"""The hosts, slots and rank count of a Slurm allocation, from the variables
+Slurm sets inside it (``SLURM_JOB_NODELIST``, ``SLURM_TASKS_PER_NODE``,
+``SLURM_NTASKS``), so that ``hvdkerasrun`` inside ``salloc``/``sbatch`` needs
+neither ``-H`` nor ``-np``.
+
+Pure functions of an environment mapping: nothing here runs Slurm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Mapping, Optional
+
+from hvdkeras.runner.hosts import HostSlots
+
+JOB_ID = "SLURM_JOB_ID"
+NODELIST = "SLURM_JOB_NODELIST"
+TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+NTASKS = "SLURM_NTASKS"
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Splits at commas outside brackets: ``a[1,3],b`` -> ``["a[1,3]", "b"]``."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"{NODELIST}={text!r}: unbalanced ']'.")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if depth != 0:
+        raise ValueError(f"{NODELIST}={text!r}: unbalanced '['.")
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_range_list(body: str, text: str) -> list[str]:
+    """``01-03,7`` -> ``["01", "02", "03", "7"]`` (zero padding kept)."""
+    out = []
+    for item in body.split(","):
+        low, sep, high = item.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(f"{NODELIST}={text!r}: cannot read the range {item!r}.")
+        if not sep:
+            out.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"{NODELIST}={text!r}: the range {item!r} runs backwards.")
+        width = len(low)
+        out.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+    return out
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Expands Slurm's compressed host list, in Slurm's order.
+
+    Args:
+        text: e.g. ``"node[01-03,07],gpu[1-2]-ib,login"``; several bracket
+            groups in one name expand as their product.
+
+    Returns:
+        The host names, e.g. ``["node01", "node02", "node03", "node07",
+        "gpu1-ib", "gpu2-ib", "login"]``.
+
+    Raises:
+        ValueError: naming the variable and what could not be read.
+
+    Example:
+
+    ```python
+    expand_nodelist("n[1-2],m")  # ["n1", "n2", "m"]
+    ```
+    """
+    hosts = []
+    for part in _split_top_level(text):
+        pieces = re.split(r"(\[[^\]]*\])", part)
+        choices = [_expand_range_list(p[1:-1], text) if p.startswith("[") else [p]
+                   for p in pieces if p]
+        hosts.extend("".join(combo) for combo in itertools.product(*choices))
+    if not hosts:
+        raise ValueError(f"{NODELIST}={text!r} names no hosts.")
+    return hosts
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """``"2(x3),1"`` -> ``[2, 2, 2, 1]``: tasks on each node, in node order."""
+    counts = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if not match:
+            raise ValueError(f"{TASKS_PER_NODE}={text!r}: cannot read {item!r} "
+                             "(expected N or N(xM) entries separated by commas).")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def in_allocation(env: Mapping[str, str]) -> bool:
+    """Whether these variables come from inside a Slurm job."""
+    return bool(env.get(JOB_ID, "").strip()) and bool(env.get(NODELIST, "").strip())
+
+
+def allocation_hosts(env: Mapping[str, str]) -> Optional[list[HostSlots]]:
+    """The allocation's hosts with their task slots, or None outside Slurm.
+
+    Example:
+
+    ```python
+    allocation_hosts({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+                      "SLURM_TASKS_PER_NODE": "2(x2)"})
+    # [HostSlots(host="n1", slots=2), HostSlots(host="n2", slots=2)]
+    ```
+    """
+    if not in_allocation(env):
+        return None
+    hosts = expand_nodelist(env[NODELIST])
+    raw = env.get(TASKS_PER_NODE, "").strip()
+    slots = expand_tasks_per_node(raw) if raw else [1] * len(hosts)
+    if len(slots) != len(hosts):
+        raise ValueError(f"{TASKS_PER_NODE}={raw!r} gives {len(slots)} nodes but "
+                         f"{NODELIST}={env[NODELIST]!r} names {len(hosts)}.")
+    return [HostSlots(host, count) for host, count in zip(hosts, slots) if count > 0]
+
+
+def allocation_np(env: Mapping[str, str]) -> Optional[int]:
+    """``SLURM_NTASKS`` inside an allocation (else the slots' total), or None outside."""
+    hosts = allocation_hosts(env)
+    if hosts is None:
+        return None
+    raw = env.get(NTASKS, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{NTASKS}={raw!r} is not a positive whole number.")
+        return int(raw)
+    return sum(h.slots for h in hosts)
