@@ -134,12 +134,24 @@ void Report(const Status& s, XlaCustomCallStatus* status) {
   if (!s.ok()) status->message = s.message;
 }
 
-using Enqueue = std::function<Status(const XlaCall&, std::vector<TensorRef>, DoneCallback)>;
+using Enqueue = Status (*)(const XlaCall&, std::vector<TensorRef>, DoneCallback);
+// Makes the call's tensors from the buffers XLA handed over.
+using MakeRefs = std::function<Status(const XlaCall&, std::vector<TensorRef>*)>;
+
+Status QueueAllreduce(const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
+  return EnqueueAllreduce(c.name, std::move(refs), static_cast<ReduceOp>(c.reduce_op),
+                          c.prescale, c.postscale, c.process_set, std::move(done));
+}
+
+Status QueueBroadcast(const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
+  return EnqueueBroadcast(c.name, std::move(refs), c.root_rank, c.process_set, std::move(done));
+}
 
 // One target's body: parse the call, queue the collective on XLA's buffers
-// and wait for the engine to finish it.
-void RunCall(const char* what, const Enqueue& enqueue, void* out, const void** in,
-             const char* opaque, size_t length, XlaCustomCallStatus* status) {
+// and wait until the engine is done with it (on a GPU: until XLA's stream
+// waits for the results, Note [stream order]; nothing waits for the GPU).
+void RunCall(const char* what, Enqueue enqueue, const MakeRefs& make_refs, const char* opaque,
+             size_t length, XlaCustomCallStatus* status) {
   XlaCall call;
   std::string error;
   if (!ParseCall(opaque, length, &call, &error)) {
@@ -148,85 +160,12 @@ void RunCall(const char* what, const Enqueue& enqueue, void* out, const void** i
            status);
     return;
   }
-  std::promise<Status> finished;
-  std::future<Status> result = finished.get_future();
-  Status queued = enqueue(call, Refs(call, in, out),
-                          [&finished](const Status& s) { finished.set_value(s); });
-  Report(queued.ok() ? result.get() : queued, status);
-}
-
-void Allreduce(void* out, const void** in, const char* opaque, size_t length,
-               XlaCustomCallStatus* status) {
-  RunCall("allreduce",
-          [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
-            return EnqueueAllreduce(c.name, std::move(refs), static_cast<ReduceOp>(c.reduce_op),
-                                    c.prescale, c.postscale, c.process_set, std::move(done));
-          },
-          out, in, opaque, length, status);
-}
-
-void Broadcast(void* out, const void** in, const char* opaque, size_t length,
-               XlaCustomCallStatus* status) {
-  RunCall("broadcast",
-          [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
-            return EnqueueBroadcast(c.name, std::move(refs), c.root_rank, c.process_set,
-                                    std::move(done));
-          },
-          out, in, opaque, length, status);
-}
-
-#if HVDKERAS_CUDA
-// GPU targets: XLA passes its stream and one array of device buffers, the
-// operands first and then the results.
-std::vector<TensorRef> DeviceRefs(const XlaCall& call, void* stream, void** buffers,
-                                  Status* status) {
-  const size_t count = call.shapes.size();
-  const DeviceBackend* backend = GetDeviceBackend();
-  std::string why;
-  Device* device = backend ? backend->device(&why) : nullptr;
-  if (device == nullptr) {
-    *status = Status::Error(StatusCode::kPreconditionError,
-                            "hvdkeras XLA on a GPU, but no GPU is usable: " + why);
-    return {};
-  }
-  const void* any = nullptr;
-  for (size_t i = 0; i < 2 * count && any == nullptr; ++i) any = buffers[i];
-  int ordinal = -1;
-  *status = any ? device->PointerDevice(any, &ordinal)
-                : Status::Error(StatusCode::kInvalidArgument,
-                                "hvdkeras XLA on a GPU: every tensor of '" + call.name +
-                                    "' is empty; leave such collectives out of the compiled step");
-  if (!status->ok()) return {};
-  std::vector<TensorRef> refs(count);
-  for (size_t i = 0; i < count; ++i) {
-    refs[i].input = buffers[i];
-    refs[i].output = buffers[count + i];
-    refs[i].dtype = call.dtype;
-    refs[i].shape = call.shapes[i];
-    refs[i].device = ordinal;
-    refs[i].framework_stream = stream;
-  }
-  return refs;
-}
-
-void RunDeviceCall(const char* what, const Enqueue& enqueue, void* stream, void** buffers,
-                   const char* opaque, size_t length, XlaCustomCallStatus* status) {
-  XlaCall call;
-  std::string error;
-  if (!ParseCall(opaque, length, &call, &error)) {
-    Report(Status::Error(StatusCode::kInvalidArgument,
-                         std::string("hvdkeras XLA ") + what + ": " + error),
-           status);
+  std::vector<TensorRef> refs;
+  Status made = make_refs(call, &refs);
+  if (!made.ok()) {
+    Report(made, status);
     return;
   }
-  Status placed = Status::OK();
-  std::vector<TensorRef> refs = DeviceRefs(call, stream, buffers, &placed);
-  if (!placed.ok()) {
-    Report(placed, status);
-    return;
-  }
-  // The engine calls `done` once XLA's stream waits for the results
-  // (Note [stream order]); nothing here waits for the GPU itself.
   std::promise<Status> finished;
   std::future<Status> result = finished.get_future();
   Status queued = enqueue(call, std::move(refs),
@@ -234,25 +173,68 @@ void RunDeviceCall(const char* what, const Enqueue& enqueue, void* stream, void*
   Report(queued.ok() ? result.get() : queued, status);
 }
 
+MakeRefs HostRefs(void* out, const void** in) {
+  return [out, in](const XlaCall& call, std::vector<TensorRef>* refs) {
+    *refs = Refs(call, in, out);
+    return Status::OK();
+  };
+}
+
+void Allreduce(void* out, const void** in, const char* opaque, size_t length,
+               XlaCustomCallStatus* status) {
+  RunCall("allreduce", &QueueAllreduce, HostRefs(out, in), opaque, length, status);
+}
+
+void Broadcast(void* out, const void** in, const char* opaque, size_t length,
+               XlaCustomCallStatus* status) {
+  RunCall("broadcast", &QueueBroadcast, HostRefs(out, in), opaque, length, status);
+}
+
+#if HVDKERAS_CUDA
+// GPU targets: XLA passes its stream and one array of device buffers, the
+// operands first and then the results.
+MakeRefs DeviceRefs(void* stream, void** buffers) {
+  return [stream, buffers](const XlaCall& call, std::vector<TensorRef>* refs) {
+    const size_t count = call.shapes.size();
+    const DeviceBackend* backend = GetDeviceBackend();
+    std::string why;
+    Device* device = backend ? backend->device(&why) : nullptr;
+    if (device == nullptr) {
+      return Status::Error(StatusCode::kPreconditionError,
+                           "hvdkeras XLA on a GPU, but no GPU is usable: " + why);
+    }
+    const void* any = nullptr;
+    for (size_t i = 0; i < 2 * count && any == nullptr; ++i) any = buffers[i];
+    if (any == nullptr) {
+      return Status::Error(StatusCode::kInvalidArgument,
+                           "hvdkeras XLA on a GPU: every tensor of '" + call.name +
+                               "' is empty; leave such collectives out of the compiled step");
+    }
+    int ordinal = -1;
+    Status s = device->PointerDevice(any, &ordinal);
+    if (!s.ok()) return s;
+    refs->assign(count, TensorRef());
+    for (size_t i = 0; i < count; ++i) {
+      TensorRef& ref = (*refs)[i];
+      ref.input = buffers[i];
+      ref.output = buffers[count + i];
+      ref.dtype = call.dtype;
+      ref.shape = call.shapes[i];
+      ref.device = ordinal;
+      ref.framework_stream = stream;
+    }
+    return Status::OK();
+  };
+}
+
 void DeviceAllreduce(void* stream, void** buffers, const char* opaque, size_t length,
                      XlaCustomCallStatus* status) {
-  RunDeviceCall("allreduce",
-                [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
-                  return EnqueueAllreduce(c.name, std::move(refs),
-                                          static_cast<ReduceOp>(c.reduce_op), c.prescale,
-                                          c.postscale, c.process_set, std::move(done));
-                },
-                stream, buffers, opaque, length, status);
+  RunCall("allreduce", &QueueAllreduce, DeviceRefs(stream, buffers), opaque, length, status);
 }
 
 void DeviceBroadcast(void* stream, void** buffers, const char* opaque, size_t length,
                      XlaCustomCallStatus* status) {
-  RunDeviceCall("broadcast",
-                [](const XlaCall& c, std::vector<TensorRef> refs, DoneCallback done) {
-                  return EnqueueBroadcast(c.name, std::move(refs), c.root_rank, c.process_set,
-                                          std::move(done));
-                },
-                stream, buffers, opaque, length, status);
+  RunCall("broadcast", &QueueBroadcast, DeviceRefs(stream, buffers), opaque, length, status);
 }
 #endif  // HVDKERAS_CUDA
 
