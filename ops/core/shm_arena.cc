@@ -45,8 +45,6 @@ ShmArena::State::~State() {
   }
 }
 
-int64_t ShmArena::region_bytes() const { return state_ ? state_->ranges.capacity() : 0; }
-
 void ShmArena::Open(MPI_Comm comm, int64_t bytes) {
   Close();
   int rank = 0, size = 1;

@@ -42,7 +42,6 @@ class ShmArena {
   // Drops the engine's hold; mappings go when the last block is released.
   void Close() { state_.reset(); }
   bool active() const { return state_ != nullptr; }
-  int64_t region_bytes() const;
 
   // A block of `bytes` in this rank's region and its offset there; null (and
   // offset -1) when the region has no free range that long.
