@@ -37,8 +37,11 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.recipes": {"hvdkeras.callbacks", "hvdkeras.training", "hvdkeras.collectives",
                          "hvdkeras.gpu", "hvdkeras.engine", "hvdkeras.runner"},
     # The estimator's training function runs on the ranks: Keras training.
-    "hvdkeras.spark": {"hvdkeras.runner", "hvdkeras.engine", "hvdkeras.training",
-                       "hvdkeras.callbacks"},
+    "hvdkeras.spark": {"hvdkeras.cluster", "hvdkeras.runner", "hvdkeras.engine",
+                       "hvdkeras.training", "hvdkeras.callbacks"},
+    # Ranks started by a cluster engine's tasks; each rank runs hvdkeras.
+    "hvdkeras.cluster": {"hvdkeras.runner", "hvdkeras.engine"},
+    "hvdkeras.ray": {"hvdkeras.cluster", "hvdkeras.runner"},
     "hvdkeras.migrate": set(),  # standard library only
     "hvdkeras.elastic": {"hvdkeras.callbacks", "hvdkeras.training"},
     "hvdkeras.cli": {"hvdkeras"},

@@ -21,7 +21,7 @@ import pytest
 
 from hvdkeras.runner import failures, hosts, knobs, launch as launch_mod, mpi_env, rank_shim, restart, service
 from hvdkeras.runner.hosts import HostSlots
-from hvdkeras.spark.connect import chain_steps
+from hvdkeras.cluster.connect import chain_steps
 
 # ---------------------------------------------------------------------------
 # hosts

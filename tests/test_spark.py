@@ -117,7 +117,7 @@ def test_horovod_runner_with_positive_np_runs_on_spark(spark):
         import os
 
         import hvdkeras as hvd
-        return tag, hvd.rank(), os.environ.get("HVDKERAS_SPARK_INDEX")
+        return tag, hvd.rank(), os.environ.get("HVDKERAS_TASK_INDEX")
 
     assert hvdkeras.Runner(2, timeout=JOB_TIMEOUT).run(where, tag="t") == ("t", 0, "0")
 
@@ -150,9 +150,9 @@ def test_spark_rank_exception_surfaces_with_its_traceback(spark):
 
 def test_driver_service_rejects_a_wrong_hmac():
     """The service spark.run starts: a request with a wrong HMAC is dropped and changes nothing."""
-    from hvdkeras.spark.runner import _JobState
+    from hvdkeras.cluster.job import JobState
 
-    state = _JobState(pickle.dumps("the pickled function"), size=2)
+    state = JobState(pickle.dumps("the pickled function"), size=2)
     secret = new_secret()
     with Service(secret, state.handle, host="127.0.0.1") as service:
         address = ("127.0.0.1", service.port)

@@ -1,7 +1,8 @@
-"""One rank of `hvdkeras.spark.run`: ``mpiexec -n 1 python -m hvdkeras.spark.task_rank``.
+"""One rank of a job on a cluster engine's tasks (`hvdkeras.spark.run`,
+`hvdkeras.ray.run`): ``mpiexec -n 1 python -m hvdkeras.cluster.task_rank``.
 
-Started by a Spark task (see `hvdkeras.spark.runner`), configured through
-``HVDKERAS_SPARK_*`` variables. It fetches the function from the driver's
+Started by a task (see `hvdkeras.cluster.job`), configured through
+``HVDKERAS_TASK_*`` variables. It fetches the function from the driver's
 authenticated service, opens an MPI port, publishes it, waits for the other
 ranks' ports, joins them (`connect.chain_connect`), calls
 ``hvdkeras.init(comm=world)`` and the function, and sends the result or the
@@ -27,9 +28,9 @@ from mpi4py import MPI
 from hvdkeras.engine.world import init
 from hvdkeras.runner.service import Client
 from hvdkeras.runner.task_files import error_record
-from hvdkeras.spark import connect
-from hvdkeras.spark.task_env import (ADDRESS_ENV, DEFAULT_START_TIMEOUT_S, INDEX_ENV,
-                                     SECRET_FILE_ENV, SIZE_ENV, START_TIMEOUT_ENV, take_secret)
+from hvdkeras.cluster import connect
+from hvdkeras.cluster.task_env import (ADDRESS_ENV, DEFAULT_START_TIMEOUT_S, INDEX_ENV,
+                                       SECRET_FILE_ENV, SIZE_ENV, START_TIMEOUT_ENV, take_secret)
 
 
 def _die_with_parent() -> None:

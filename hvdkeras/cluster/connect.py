@@ -1,9 +1,10 @@
 """Joining N separately started MPI processes into one intracommunicator.
 
-Each Spark task's rank is its own one-process MPI job; the ranks join with
-MPI_Open_port / MPI_Comm_accept / MPI_Comm_connect, one step at a time so
-that every port only ever sees one connecting group (concurrent connects to
-one port crashed MPICH 5.0.2 now and then in our trials):
+Each task's rank (a Spark task's, a Ray actor's) is its own one-process MPI
+job; the ranks join with MPI_Open_port / MPI_Comm_accept / MPI_Comm_connect,
+one step at a time so that every port only ever sees one connecting group
+(concurrent connects to one port crashed MPICH 5.0.2 now and then in our
+trials):
 
     group {n-1}            connects to rank n-2's port  -> group {n-2, n-1}
     group {n-2, n-1}       connects to rank n-3's port  -> group {n-3, n-2, n-1}
