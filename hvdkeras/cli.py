@@ -173,6 +173,9 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-np", type=int, default=None, help="elastic: at most this many ranks")
     parser.add_argument("--summary-json", default=None,
                         help="also write the final summary (metrics, time, checkpoints) here")
+    parser.add_argument("--engine", choices=("mpi", "ray"), default="mpi",
+                        help="start the ranks with hvdkerasrun's mpiexec (default) or as Ray "
+                             "actors (hvdkeras.ray.run; extra [ray]; RAY_ADDRESS picks a cluster)")
 
 
 def _load_recipe_or_report(recipe: str, overrides, environment: bool = True,
@@ -204,6 +207,8 @@ def _train(args: argparse.Namespace) -> int:
     env = launching.engine_env(recipe)
     summary_json = os.path.abspath(args.summary_json) if args.summary_json else None
     elastic = args.min_np is not None or args.max_np is not None
+    if args.engine == "ray":
+        return _train_on_ray(args, os.path.abspath(path), env, summary_json, elastic)
     if args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts \
             and not elastic:
         from hvdkeras.recipes.run import train  # lazy: imports TensorFlow
@@ -218,6 +223,29 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"hvdkeras: error: {error}", file=sys.stderr)
         return 2
+
+
+def _train_on_ray(args: argparse.Namespace, path: str, env: dict, summary_json: Optional[str],
+                  elastic: bool) -> int:
+    """`hvdkeras train --engine ray`: the recipe on --np Ray actors."""
+    unused = [flag for flag, given in (("--hosts", args.hosts), ("--hostfile", args.hostfile),
+                                       ("--max-restarts", args.max_restarts),
+                                       ("--min-np/--max-np", elastic)) if given]
+    if unused:
+        print(f"hvdkeras: error: {', '.join(unused)} do not apply with --engine ray (Ray "
+              "places the ranks); leave them out", file=sys.stderr)
+        return 2
+    from hvdkeras.ray import run as ray_run  # lazy: an optional extra (hvdkeras[ray])
+    from hvdkeras.recipes.run import train_on_task  # lazy: imports TensorFlow
+    from hvdkeras.runner.function_runner import RankFailedError  # lazy: with the rest
+
+    try:
+        codes = ray_run(train_on_task, args=(path, list(args.overrides), summary_json),
+                        num_proc=args.np, env=env)
+    except (ImportError, RankFailedError) as error:
+        print(f"hvdkeras: error: {error}", file=sys.stderr)
+        return 1
+    return max(codes)
 
 
 def _configure_validate(parser: argparse.ArgumentParser) -> None:

@@ -2,8 +2,10 @@
 # Create (if missing) the project's virtual environment and install hvdkeras
 # into it in editable mode with the test, spark and gpu extras (the gpu extra's
 # CUDA runtime, NVRTC and NCCL let the op library's GPU part load and compile
-# its kernels here, though this machine has no GPU). Safe to run repeatedly: the
-# install step is skipped while pyproject.toml and setup.py are unchanged.
+# its kernels here, though this machine has no GPU), then the ray extra, whose
+# failure only makes the Ray tests skip with the reason. Safe to run
+# repeatedly: the install step is skipped while pyproject.toml and setup.py are
+# unchanged.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
@@ -20,6 +22,8 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
    || ! "$VENV/bin/python" -I -c "import importlib.util as u, sys; sys.exit(u.find_spec('hvdkeras') is None)" >/dev/null 2>&1; then
   echo "setup_env: installing hvdkeras (editable, with the test, spark and gpu extras)" >&2
   "$VENV/bin/python" -m pip install -e ".[test,spark,gpu]" >&2
+  "$VENV/bin/python" -m pip install -e ".[ray]" >&2 \
+    || echo "setup_env: the ray extra could not be installed; the Ray tests will skip" >&2
   echo "$WANTED" > "$STAMP"
 fi
 echo "$VENV"

@@ -63,6 +63,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return train(recipe, args.summary_json)
 
 
+def train_on_task(recipe: str, overrides: Sequence[str] = (),
+                  summary_json: Optional[str] = None) -> int:
+    """One rank of a recipe run on a cluster engine's tasks (`hvdkeras train
+    --engine ray`): the rank's world is already joined and its engine
+    variables set (the runner's `env=`). Returns the exit code.
+
+    Example: `hvdkeras.ray.run(train_on_task, args=("digits",), num_proc=2)`.
+    """
+    loaded, _ = load_recipe(recipe, overrides)
+    return train(loaded, summary_json)
+
+
 def train(recipe: dict, summary_json: Optional[str] = None) -> int:
     """Starts hvdkeras (if needed) and trains `recipe`; returns the exit code."""
     world.init()
