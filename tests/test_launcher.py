@@ -223,3 +223,38 @@ def test_usage_errors():
     assert result.returncode == 2 and "-np N is required" in result.stdout
     result = _run(["-np", 2, "--cycle-time-ms", 0, "python", "x.py"])
     assert result.returncode == 2 and "HVDKERAS_CYCLE_TIME" in result.stdout
+
+
+def test_final_state_of_a_carriage_return_line():
+    from hvdkeras.runner.rank_shim import final_state
+
+    assert final_state(b"1/3\r2/3\r3/3\n") == b"3/3\n"
+    assert final_state(b"\r a\r b \n") == b" b \n"
+    assert final_state(b"plain\n") == b"plain\n"
+    assert final_state(b"windows\r\n") == b"windows\n"
+    assert final_state(b"no newline\rlast") == b"last"
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_progress_lines_stay_intact_and_rank_0s_are_live(tmp_path):
+    """Carriage-return updates: rank 0's come out live, each after a carriage
+    return and its prefix; other ranks' only as their final state; logs hold
+    final states."""
+    import subprocess
+
+    # Bytes, not text: text mode would turn the carriage returns into newlines.
+    command = [str(HVDKERASRUN), "-np", "2", "--output-dir", str(tmp_path / "logs"),
+               sys.executable, str(SCRIPTS / "progress.py")]
+    result = subprocess.run(command, capture_output=True, timeout=TIMEOUT,
+                            env={**os.environ, **_env()}, cwd=REPO, start_new_session=True)
+    out = result.stdout.decode()
+    assert result.returncode == 0, out + result.stderr.decode()
+    # Every carriage return that reaches the terminal is followed by rank 0's prefix.
+    assert re.findall(r"\r(?!\[0\]<stdout>: )", out) == [], repr(out)
+    assert "\r[0]<stdout>:  step 1/3 " in out and "\r[0]<stdout>:  step 2/3 " in out, repr(out)
+    assert re.search(r"\r\[0\]<stdout>:  step 3/3 \n", out), repr(out)
+    assert "[1]<stdout>:  step 3/3 \n" in out and "[1]<stdout>:  step 1/3" not in out, repr(out)
+    assert "[0]<stdout>: done" in out and "[1]<stdout>: done" in out
+    for rank in (0, 1):
+        log = (tmp_path / "logs" / f"rank.{rank}.log").read_text()
+        assert f"[{rank}]<stdout>:  step 3/3 \n" in log and "\r" not in log, repr(log)

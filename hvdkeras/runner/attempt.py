@@ -35,24 +35,55 @@ _PREFIX = re.compile(r"^\[(\d+)\]<(?:stdout|stderr)>: ")
 
 
 class _Forwarder(threading.Thread):
-    """Copies mpiexec's stdout or stderr to ours, keeping each rank's last lines."""
+    """Copies mpiexec's stdout or stderr to ours as it comes, keeping each
+    rank's last lines.
+
+    Bytes pass through unchanged, so a rank's carriage-return progress
+    updates reach the terminal live and intact (see rank_shim.Pump); the
+    kept lines are what each line shows when it ends (rank_shim.final_state).
+    """
 
     def __init__(self, stream, sink: Callable[[], TextIO], tails: dict, lock) -> None:
         super().__init__(daemon=True)
         self.stream, self.sink, self.tails, self.lock = stream, sink, tails, lock
 
-    def run(self) -> None:
-        for line in iter(self.stream.readline, ""):
-            match = _PREFIX.match(line)
-            key = match.group(1) if match else "mpiexec"
-            with self.lock:
-                self.tails.setdefault(key, collections.deque(maxlen=rank_shim.TAIL_LINES)).append(line.rstrip("\n"))
-            try:
-                out = self.sink()
-                out.write(line)
+    def _keep(self, line: bytes) -> None:
+        text = rank_shim.final_state(line).decode(errors="replace")
+        match = _PREFIX.match(text)
+        key = match.group(1) if match else "mpiexec"
+        with self.lock:
+            self.tails.setdefault(key, collections.deque(maxlen=rank_shim.TAIL_LINES)).append(text)
+
+    def _write(self, chunk: bytes) -> None:
+        try:
+            out = self.sink()
+            binary = getattr(out, "buffer", None)
+            if binary is not None:
+                binary.write(chunk)
+                binary.flush()
+            else:
+                out.write(chunk.decode(errors="replace"))
                 out.flush()
-            except (OSError, ValueError):
-                pass
+        except (OSError, ValueError):
+            pass
+
+    def run(self) -> None:
+        fd = self.stream.fileno()
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            self._write(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._keep(line)
+        if pending:
+            self._keep(pending)
         self.stream.close()
 
 
@@ -86,7 +117,7 @@ class Attempt:
         # sends it SIGTERM then, and it ends its proxies and ranks, whose shims
         # also stop when their proxy dies (rank_shim.run).
         proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+                                stderr=subprocess.PIPE, bufsize=0,
                                 env=self.env, start_new_session=True,
                                 preexec_fn=lambda: rank_shim.die_with_parent(signal.SIGTERM))
         forwarders = [_Forwarder(proc.stdout, lambda: sys.stdout, self.tails, self.lock),

@@ -123,28 +123,64 @@ def _read_records(status_dir: str, prefix: str) -> list[dict]:
     return sorted(records, key=lambda r: r.get("time", 0.0))
 
 
-class Pump(threading.Thread):
-    """Copies one child stream to ours line by line, prefixed, keeping a tail."""
+def final_state(line: bytes) -> bytes:
+    """What a terminal shows of a line after its carriage returns: the text
+    after the last one (a progress bar's final state). Pure.
 
-    def __init__(self, fd: int, out, tag: bytes, tail, lock, log) -> None:
+    Example: `final_state(b"1/3\r2/3\r3/3\n") == b"3/3\n"`.
+    """
+    ending = b"\n" if line.endswith(b"\n") else b""
+    body = line[:-1] if ending else line
+    return body.rstrip(b"\r").rsplit(b"\r", 1)[-1] + ending
+
+
+class Pump(threading.Thread):
+    """Copies one child stream to ours line by line, prefixed, keeping a tail.
+
+    Carriage-return updates (progress bars) are lines that are rewritten in
+    place. With `live` (rank 0's stdout) each update is shown as it comes,
+    prefixed, after a carriage return of our own, so the bar stays intact
+    and live; otherwise, and in the log and the tail, a line counts as what
+    it shows when it ends (`final_state`), so other ranks' updates are not
+    mixed into rank 0's bar.
+    """
+
+    def __init__(self, fd: int, out, tag: bytes, tail, lock, log, live: bool = False) -> None:
         super().__init__(daemon=True)
         self.fd, self.out, self.tag, self.tail, self.lock, self.log = fd, out, tag, tail, lock, log
+        self.live = live
+        self._showing = b""  # the update shown last on an unfinished live line
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except (OSError, ValueError):
+            pass  # our stdout is gone (launcher ended): keep draining the child
 
     def _emit(self, line: bytes) -> None:
+        line = final_state(line)
         data = self.tag + line + (b"" if line.endswith(b"\n") else b"\n")
         with self.lock:
             self.tail.append((self.tag.decode(errors="replace") + line.decode(errors="replace")).rstrip("\n"))
-            try:
-                self.out.write(data)
-                self.out.flush()
-            except (OSError, ValueError):
-                pass  # our stdout is gone (launcher ended): keep draining the child
+            self._write((b"\r" if self._showing else b"") + data)
+            self._showing = b""
             if self.log is not None:
                 try:
                     self.log.write(data)
                     self.log.flush()
                 except OSError:
                     pass
+
+    def _show_update(self, pending: bytes) -> None:
+        """Shows the newest complete update of an unfinished line (live only)."""
+        if not self.live or b"\r" not in pending:
+            return
+        update = pending.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+        if update and update != self._showing:
+            with self.lock:
+                self._write(b"\r" + self.tag + update)
+                self._showing = update
 
     def run(self) -> None:
         pending = b""
@@ -162,6 +198,7 @@ class Pump(threading.Thread):
             if len(pending) > 65536:  # a very long line without newline
                 self._emit(pending)
                 pending = b""
+            self._show_update(pending)
         if pending:
             self._emit(pending)
         os.close(self.fd)
@@ -281,7 +318,9 @@ def _supervise(command: list[str], status_dir: Optional[str], log_dir: Optional[
     out = sys.stdout.buffer
     err = sys.stderr.buffer
     tag = (lambda stream: f"[{rank}]<{stream}>: ".encode()) if prefix else (lambda stream: b"")
-    pumps = [Pump(os.dup(child.stdout.fileno()), out, tag("stdout"), tail, lock, log),
+    # Rank 0 alone shows progress bars live (Keras prints them on rank 0).
+    pumps = [Pump(os.dup(child.stdout.fileno()), out, tag("stdout"), tail, lock, log,
+                  live=rank == "0"),
              Pump(os.dup(child.stderr.fileno()), err, tag("stderr"), tail, lock, log)]
     child.stdout.close()
     child.stderr.close()
