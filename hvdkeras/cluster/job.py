@@ -99,8 +99,8 @@ class JobState:
         raise ValueError(f"unknown request {kind!r}")
 
 
-def rank_command(executable: Optional[str] = None,
-                 extra_mpi_args: Sequence[str] = (), what: str = "hvdkeras.spark.run") -> list[str]:
+def rank_command(executable: Optional[str], extra_mpi_args: Sequence[str],
+                 what: str) -> list[str]:
     """``mpiexec [extra] -n 1 python -m hvdkeras.cluster.task_rank`` with this environment's MPICH."""
     mpiexec, vendor, library = resolve_mpiexec([sys.executable])
     if vendor == mpi_env.OPENMPI:
