@@ -162,23 +162,40 @@ def rank_outputs(directory: Path, np: int) -> List[RankOutput]:
             for r in range(np)]
 
 
+def simulated_hosts_args(hosts: str) -> List[str]:
+    """mpiexec (Hydra) options that start every rank here, as if on the hosts of
+    `hosts` ("h0:2,h1:2": two hosts with two slots each).
+
+    With the fork launcher nothing is reached over the network, but MPI
+    still treats each named host as a node of its own: separate
+    shared-memory domains (MPI_COMM_TYPE_SHARED), and traffic between them
+    through MPI's network module.
+    """
+    return ["-launcher", "fork", "-hosts", hosts]
+
+
 def run_under_mpi(np: int, args: list[str], timeout: float = 240,
-                  env: dict | None = None) -> MpiResult:
+                  env: dict | None = None, hosts: str = "") -> MpiResult:
     """Runs ``mpiexec -n np <this python> *args``, each rank's output to its own files.
 
     Sets HVDKERAS_EXPECTED_SIZE=np (unless `env` says otherwise), so that
     hvdkeras.init() fails loudly if the ranks come up as separate worlds of
     size 1 (a launcher/MPI mismatch) instead of passing every test np times.
+    `hosts` places the ranks on simulated hosts (`simulated_hosts_args`) and
+    passes the list on as HVDKERAS_TEST_HOSTS.
     Raises AssertionError (with every rank's output tail) when it runs past
     `timeout`.
     """
     with tempfile.TemporaryDirectory(prefix="hvdkeras-ranks-") as tmp:
         directory = Path(tmp)
-        cmd = [mpiexec_path(), "-n", str(np), *per_rank_output_args(directory),
+        placement = simulated_hosts_args(hosts) if hosts else []
+        cmd = [mpiexec_path(), "-n", str(np), *placement, *per_rank_output_args(directory),
                sys.executable, *args]
         try:
             result = run_command(cmd, timeout=timeout,
-                                 env={"HVDKERAS_EXPECTED_SIZE": str(np), **(env or {})})
+                                 env={"HVDKERAS_EXPECTED_SIZE": str(np),
+                                      **({"HVDKERAS_TEST_HOSTS": hosts} if hosts else {}),
+                                      **(env or {})})
         except AssertionError as timed_out:
             job = MpiResult(cmd, -1, "", rank_outputs(directory, np))
             raise AssertionError(f"{timed_out}\n--- the ranks ---\n{tail(job.stdout)}") from None
@@ -199,19 +216,22 @@ def describe(result: subprocess.CompletedProcess) -> str:
 
 
 def run_pytest_under_mpi(np: int, test_file: Path, timeout: float, env: dict | None = None,
-                         extra_args: Sequence[str] = ()) -> tuple[MpiResult, List[dict]]:
+                         extra_args: Sequence[str] = (),
+                         hosts: str = "") -> tuple[MpiResult, List[dict]]:
     """Runs one pytest session per rank on `test_file`; returns the job and every
     rank's report (written by `tests/conftest.py`; see Note [one file per rank]).
 
     Each report holds the rank, pytest's exit status and the number of tests
-    that passed, failed, errored and were skipped there.
+    that passed, failed, errored and were skipped there. `test_file` may be a
+    directory (one session over all its files); `hosts` as in `run_under_mpi`.
     """
     with tempfile.TemporaryDirectory(prefix="hvdkeras-reports-") as reports:
         result = run_under_mpi(
             np, ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *extra_args,
                  str(test_file)],
             timeout=timeout,
-            env={"HVDKERAS_UNDER_MPI": "1", RANK_REPORT_DIR: reports, **(env or {})})
+            env={"HVDKERAS_UNDER_MPI": "1", RANK_REPORT_DIR: reports, **(env or {})},
+            hosts=hosts)
         found = sorted(Path(reports).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
         return result, [json.loads(p.read_text()) for p in found]
 

@@ -330,7 +330,8 @@ def test_horovod_names_are_read_when_ours_are_unset():
         "HOROVOD_CACHE_CAPACITY": "7", "HOROVOD_STALL_CHECK_TIME_SECONDS": "11",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "22", "HOROVOD_TIMELINE": "/tmp/t.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "1", "HOROVOD_AUTOTUNE": "1",
-        "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv"})
+        "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
+    assert cfg.hierarchical_allreduce == "on"
     assert (cfg.fusion_threshold, cfg.cycle_time_ms, cfg.cache_capacity) == (1048576, 3.5, 7)
     assert (cfg.stall_check_seconds, cfg.stall_shutdown_seconds) == (11.0, 22.0)
     assert (cfg.timeline_path, cfg.timeline_mark_cycles) == ("/tmp/t.json", True)
@@ -340,7 +341,27 @@ def test_horovod_names_are_read_when_ours_are_unset():
     # Every engine knob with a Horovod name maps to one of ours.
     assert set(config.HOROVOD_ALIASES.values()) <= {
         FUSION, CYCLE, CACHE, STALL_CHECK, config.STALL_CHECK_DISABLE, STALL_SHUTDOWN,
-        config.TIMELINE, config.TIMELINE_MARK_CYCLES, config.AUTOTUNE, config.AUTOTUNE_LOG}
+        config.TIMELINE, config.TIMELINE_MARK_CYCLES, config.AUTOTUNE, config.AUTOTUNE_LOG,
+        config.HIERARCHICAL_ALLREDUCE}
+
+
+@pytest.mark.parametrize("raw, value", [("", "auto"), ("auto", "auto"), ("AUTO", "auto"),
+                                        ("1", "on"), ("on", "on"), ("0", "off"),
+                                        ("false", "off")])
+def test_hierarchical_allreduce_reads_auto_or_a_boolean(raw, value):
+    cfg = engine_config_from_env({config.HIERARCHICAL_ALLREDUCE: raw})
+    assert cfg.hierarchical_allreduce == value
+
+
+def test_hierarchical_allreduce_refuses_other_values_and_needs_shared_memory():
+    with pytest.raises(ValueError, match=r"HVDKERAS_HIERARCHICAL_ALLREDUCE='tree': use auto"):
+        engine_config_from_env({config.HIERARCHICAL_ALLREDUCE: "tree"})
+    with pytest.raises(ValueError, match=r"needs the shared-memory allreduce.*"
+                                         r"HVDKERAS_SHM_ALLREDUCE=0"):
+        engine_config_from_env({config.HIERARCHICAL_ALLREDUCE: "1", config.SHM_ALLREDUCE: "0"})
+    # Off needs nothing.
+    assert engine_config_from_env({config.HIERARCHICAL_ALLREDUCE: "0",
+                                   config.SHM_ALLREDUCE: "0"}).hierarchical_allreduce == "off"
 
 
 def test_ours_win_over_horovods_and_say_so():

@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 OPS = REPO_ROOT / "ops"
 # Unit -> the core sources (ops/core/<name>.cc) its test links with.
 UNITS: Dict[str, Tuple[str, ...]] = {
+    "allreduce_path": ("allreduce_path",),
     "autotuner": ("autotuner",),
     "block_pool": ("block_pool",),
     "burst_memory": ("burst_memory",),

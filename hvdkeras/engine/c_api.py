@@ -41,6 +41,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_current_params.argtypes = [ctypes.POINTER(ctypes.c_int64),
                                             ctypes.POINTER(ctypes.c_double)]
     lib.hvdkeras_current_params.restype = None
+    lib.hvdkeras_allreduce_path.argtypes = []
+    lib.hvdkeras_allreduce_path.restype = ctypes.c_char_p
     lib.hvdkeras_xla_calls_built.argtypes = []
     lib.hvdkeras_xla_calls_built.restype = ctypes.c_int
     lib.hvdkeras_xla_gpu_calls_built.argtypes = []
@@ -169,6 +171,11 @@ def gpu_probe_copies(lib: ctypes.CDLL, tensors: int, bytes_each: int,
                                      len(text)) != 0:
         raise RuntimeError(text.value.decode(errors="replace"))
     return {"packed": results[0], "plain": results[1], "scaled": results[2]}
+
+
+def allreduce_path(lib: ctypes.CDLL) -> str:
+    """How the running engine reduces large CPU tensors: "shm", "hierarchical" or "mpi"."""
+    return lib.hvdkeras_allreduce_path().decode()
 
 
 def current_params(lib: ctypes.CDLL) -> tuple[int, float]:

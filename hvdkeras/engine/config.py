@@ -29,6 +29,8 @@ AUTOTUNE_LOG = "HVDKERAS_AUTOTUNE_LOG"
 ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
 SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
 SHM_ARENA_BYTES = "HVDKERAS_SHM_ARENA_BYTES"
+HIERARCHICAL_ALLREDUCE = "HVDKERAS_HIERARCHICAL_ALLREDUCE"
+HIERARCHICAL_CHOICES = ("auto", "on", "off")
 # Set by the launcher: the number of ranks it started. init() compares it with
 # MPI's world size to catch an mpiexec of another MPI (N worlds of size 1).
 EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"
@@ -56,6 +58,7 @@ HOROVOD_ALIASES = {
     "HOROVOD_TIMELINE_MARK_CYCLES": TIMELINE_MARK_CYCLES,
     "HOROVOD_AUTOTUNE": AUTOTUNE,
     "HOROVOD_AUTOTUNE_LOG": AUTOTUNE_LOG,
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": HIERARCHICAL_ALLREDUCE,
 }
 _ALIAS_OF = {ours: theirs for theirs, ours in HOROVOD_ALIASES.items()}
 
@@ -90,8 +93,14 @@ class EngineConfig:
         allreduce_chunk_bytes: Buffers larger than this are reduced as a
             sequence of in-place MPI calls of this many bytes, which keeps
             each piece in cache (0: one call per buffer).
-        shm_allreduce: When every rank runs on one host, reduce through a
-            shared-memory window of the engine's own instead of MPI calls.
+        shm_allreduce: Reduce large tensors among the ranks of a host through
+            a shared-memory window of the engine's own instead of MPI calls.
+        hierarchical_allreduce: With ranks on several hosts: "on" reduces
+            within each host through shared memory and only across hosts
+            over MPI, one rank per host and slice; "off" runs one MPI
+            allreduce over all ranks; "auto" (default) is "on" when some host
+            runs several ranks. Needs `shm_allreduce`. See Note
+            [hierarchical allreduce] in ops/core/allreduce_path.h.
         shm_arena_bytes: Shared memory per rank that results of the
             shared-memory allreduce live in, so they are not copied out (less
             when /dev/shm has less room; 0: always copy out). See Note
@@ -111,6 +120,7 @@ class EngineConfig:
     autotune_log: str = ""
     allreduce_chunk_bytes: int = 1024 * 1024
     shm_allreduce: bool = True
+    hierarchical_allreduce: str = "auto"
     shm_arena_bytes: int = 64 * 1024 * 1024
     fusion_threshold_fixed: bool = False
     cycle_time_fixed: bool = False
@@ -178,6 +188,20 @@ def parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
     raise ValueError(f"{key}={env[key]!r} is not a boolean; use 1 or 0.")
 
 
+def _parse_hierarchical(env: Mapping[str, str], key: str, shm_allreduce: bool) -> str:
+    raw = env.get(key, "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    try:
+        value = "on" if parse_bool(env, key) else "off"
+    except ValueError:
+        raise ValueError(f"{key}={env[key]!r}: use auto (the default), 1 (on) or 0 (off).") from None
+    if value == "on" and not shm_allreduce:
+        raise ValueError(f"{key}={env[key]!r} needs the shared-memory allreduce, but "
+                         f"{SHM_ALLREDUCE}=0 turns it off; unset one of them.")
+    return value
+
+
 def collective_gradients(env: Optional[Mapping[str, str]] = None) -> str:
     """The convention in `HVDKERAS_COLLECTIVE_GRADIENTS`: "exact" (default) or "horovod"."""
     env = os.environ if env is None else env
@@ -231,6 +255,7 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
     stall_check_seconds = _parse_seconds(env, key(STALL_CHECK_SECONDS),
                                          defaults.stall_check_seconds)
     stall_check_disabled = parse_bool(env, key(STALL_CHECK_DISABLE))
+    shm_allreduce = parse_bool(env, SHM_ALLREDUCE, default=True)
     return EngineConfig(
         fusion_threshold=_parse_int(env, key(FUSION_THRESHOLD), defaults.fusion_threshold, 0,
                                     MAX_FUSION_THRESHOLD),
@@ -248,7 +273,9 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
         allreduce_chunk_bytes=_parse_int(env, ALLREDUCE_CHUNK_BYTES,
                                          defaults.allreduce_chunk_bytes, 0,
                                          MAX_FUSION_THRESHOLD),
-        shm_allreduce=parse_bool(env, SHM_ALLREDUCE, default=True),
+        shm_allreduce=shm_allreduce,
+        hierarchical_allreduce=_parse_hierarchical(env, key(HIERARCHICAL_ALLREDUCE),
+                                                   shm_allreduce),
         shm_arena_bytes=_parse_int(env, SHM_ARENA_BYTES, defaults.shm_arena_bytes, 0,
                                    MAX_SHM_ARENA_BYTES),
         fusion_threshold_fixed=bool(env.get(key(FUSION_THRESHOLD), "").strip()),

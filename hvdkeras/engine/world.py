@@ -310,6 +310,10 @@ def engine_config() -> EngineConfig:
     Returns:
         An `EngineConfig`; `fusion_threshold` and `cycle_time_ms` are read
         from the engine, so they show what autotune has chosen so far.
+        `shm_allreduce` and `hierarchical_allreduce` say what the engine
+        chose for the hosts it runs on: whether large allreduces go through
+        shared memory, and "on" or "off" for the hierarchical way ("auto"
+        resolved; "off" on one host).
 
     Example:
 
@@ -319,4 +323,7 @@ def engine_config() -> EngineConfig:
     """
     config = require().config
     threshold, cycle_time_ms = c_api.current_params(library.handle())
-    return dataclasses.replace(config, fusion_threshold=threshold, cycle_time_ms=cycle_time_ms)
+    path = c_api.allreduce_path(library.handle())
+    return dataclasses.replace(config, fusion_threshold=threshold, cycle_time_ms=cycle_time_ms,
+                               shm_allreduce=path != "mpi",
+                               hierarchical_allreduce="on" if path == "hierarchical" else "off")

@@ -111,6 +111,10 @@ void hvdkeras_current_params(int64_t* fusion_threshold, double* cycle_time_ms) {
   hvdkeras::Engine::Instance().CurrentParams(fusion_threshold, cycle_time_ms);
 }
 
+// How large CPU allreduces of the global set go: "shm", "hierarchical" or
+// "mpi" (see Note [hierarchical allreduce] in allreduce_path.h).
+const char* hvdkeras_allreduce_path() { return hvdkeras::Engine::Instance().allreduce_path(); }
+
 // What the library was built with, for `hvdkeras check`: "cpu", or the
 // device backend compiled in ("cuda").
 const char* hvdkeras_build_flavor() {

@@ -105,6 +105,7 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   mpi_.set_allreduce_chunk_bytes(config.allreduce_chunk_bytes);
   s = executor_.Open(&mpi_, config);
   if (!s.ok()) return s;
+  allreduce_path_ = executor_.allreduce_path();
   pending_.TakeAll();
   negotiator_.Reset(&mpi_, config);
   tuning_.Start(mpi_.rank(), config);

@@ -73,6 +73,10 @@ class Engine {
     *cycle_time_ms = current_cycle_time_ms_.load();
   }
 
+  // "shm", "hierarchical" or "mpi": how large CPU allreduces go, chosen at
+  // Start from the hosts' layout (allreduce_path.h).
+  const char* allreduce_path() const { return AllreducePathName(allreduce_path_.load()); }
+
   // Starts (path non-empty) or stops tracing; takes effect at the next cycle.
   // Only rank 0 writes a trace.
   void SetTimeline(const std::string& path, bool mark_cycles) {
@@ -111,6 +115,7 @@ class Engine {
   // Published for CurrentParams().
   std::atomic<int64_t> current_threshold_{0};
   std::atomic<double> current_cycle_time_ms_{0.0};
+  std::atomic<AllreducePath> allreduce_path_{AllreducePath::kMpi};
 };
 
 }  // namespace hvdkeras

@@ -61,12 +61,37 @@ std::string TensorArgs(const Request& r) {
 
 Status Executor::Open(const MpiContext* mpi, const EngineConfig& config) {
   mpi_ = mpi;
-  if (!config.shm_allreduce) return Status::OK();
-  return shm_.Open(mpi->comm(), config.allreduce_chunk_bytes, config.shm_arena_bytes);
+  path_ = AllreducePath::kMpi;
+  Status s = topology_.Open(mpi->comm(), config.shm_allreduce, config.hierarchical_allreduce);
+  if (!s.ok()) return s;
+  if (topology_.path() == AllreducePath::kMpi) return Status::OK();
+  const MpiContext* cross = nullptr;
+  if (topology_.path() == AllreducePath::kHierarchical && topology_.cross() != MPI_COMM_NULL) {
+    s = cross_mpi_.Open(topology_.cross());
+    if (!s.ok()) return s;
+    cross_mpi_.set_allreduce_chunk_bytes(config.allreduce_chunk_bytes);
+    cross = &cross_mpi_;
+  }
+  s = shm_.Open(topology_.local(), cross, topology_.slices(), config.allreduce_chunk_bytes,
+                config.shm_arena_bytes);
+  if (!s.ok()) return s;
+  // Each host decided about its own window: all must have one, or every
+  // rank takes the MPI way, since a hierarchical allreduce needs every host.
+  int everywhere = shm_.active() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &everywhere, 1, MPI_INT, MPI_MIN, mpi->comm());
+  if (everywhere) {
+    path_ = topology_.path();
+  } else {
+    shm_.Close(/*collective=*/true);
+  }
+  return Status::OK();
 }
 
 void Executor::Close(bool collective) {
   shm_.Close(collective);
+  cross_mpi_.Close();
+  topology_.Close(collective);
+  path_ = AllreducePath::kMpi;
   gpu_.Close(collective);
 }
 

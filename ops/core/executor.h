@@ -2,7 +2,8 @@
 // ops and the dispatch of each batch to its collective, on the CPU or on the
 // GPU. Owns what the collectives work with: the fusion buffer, the pool of
 // blocks that fused allreduce results are handed out in (see Note [fused
-// outputs] in block_pool.h), the shared-memory window, and the GPU session
+// outputs] in block_pool.h), the hosts' layout and the allreduce path it
+// chooses (host_topology.h), the shared-memory window, and the GPU session
 // (device_session.h).
 #pragma once
 
@@ -13,6 +14,7 @@
 #include "core/collectives.h"
 #include "core/device_session.h"
 #include "core/engine_settings.h"
+#include "core/host_topology.h"
 #include "core/mpi_context.h"
 #include "core/pending_op.h"
 #include "core/shm_allreduce.h"
@@ -28,6 +30,9 @@ class Executor {
   // other ranks may not get here).
   void Close(bool collective);
 
+  // The way large CPU allreduces go (fixed at Open).
+  AllreducePath allreduce_path() const { return path_; }
+
   // Runs `ready` in order, fused into batches of at most `fusion_threshold`
   // bytes; returns one status per op. `timeline` is null unless tracing.
   std::vector<Status> Execute(const std::vector<PendingOp*>& ready, int64_t fusion_threshold,
@@ -42,6 +47,9 @@ class Executor {
   // Fused allreduce results handed out as outputs; up to 256 MiB of released
   // blocks are kept for the next steps.
   BlockPool output_blocks_{int64_t{256} << 20};
+  HostTopology topology_;
+  AllreducePath path_ = AllreducePath::kMpi;
+  MpiContext cross_mpi_;  // the cross step of the hierarchical allreduce
   ShmAllreduce shm_;
   DeviceSession gpu_;
 };

@@ -19,26 +19,18 @@ constexpr int64_t kPostedAt = 8;
 
 }  // namespace
 
-Status ShmAllreduce::Open(MPI_Comm comm, int64_t chunk_bytes, int64_t arena_bytes) {
+Status ShmAllreduce::Open(MPI_Comm host, const MpiContext* cross, int slices,
+                          int64_t chunk_bytes, int64_t arena_bytes) {
   Close(false);
-  comm_ = comm;
+  comm_ = host;
+  cross_ = cross;
   arena_bytes_ = arena_bytes;
   arena_tried_ = false;
-  MPI_Comm_rank(comm, &rank_);
-  MPI_Comm_size(comm, &size_);
-  if (size_ < 2) return Status::OK();
-  MPI_Comm local = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local) !=
-      MPI_SUCCESS) {
-    return Status::OK();
-  }
-  int local_size = 0;
-  MPI_Comm_size(local, &local_size);
-  int one_host = local_size == size_ ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &one_host, 1, MPI_INT, MPI_MIN, comm);
-  MPI_Comm_free(&local);
-  if (!one_host) return Status::OK();
-
+  MPI_Comm_rank(host, &rank_);
+  MPI_Comm_size(host, &size_);
+  slices_ = std::clamp(slices, 1, size_);
+  if (size_ < 2 && cross == nullptr) return Status::OK();
+  MPI_Comm comm = host;
   const int64_t piece_bytes = chunk_bytes > 0 ? chunk_bytes : int64_t{4} << 20;
   piece_bytes_ = std::max<int64_t>(piece_bytes, int64_t{64} << 10) / 64 * 64;
   char* base = nullptr;
@@ -50,7 +42,7 @@ Status ShmAllreduce::Open(MPI_Comm comm, int64_t chunk_bytes, int64_t arena_byte
     win_ = MPI_WIN_NULL;
     return Status::OK();
   }
-  scratch_.assign(static_cast<size_t>(piece_bytes_ / size_ + kControlBytes), 0);
+  scratch_.assign(static_cast<size_t>(piece_bytes_ / slices_ + kControlBytes), 0);
   staging_.assign(size_, nullptr);
   arrivals_.assign(size_, nullptr);
   posted_.assign(size_, nullptr);
@@ -94,35 +86,60 @@ void ShmAllreduce::Barrier() {
   }
 }
 
+void ShmAllreduce::SliceOf(int slice, int64_t n, int64_t* begin, int64_t* end) const {
+  if (slice >= slices_) {
+    *begin = *end = n;  // no slice: this rank only contributes and reads
+    return;
+  }
+  *begin = n * slice / slices_;
+  *end = n * (slice + 1) / slices_;
+}
+
+Status ShmAllreduce::ReduceSlice(const std::vector<char*>& inputs, int64_t at, int64_t len,
+                                 char* dst, DataType dtype, ReduceOp op, int divisor,
+                                 double postscale) const {
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  if (size_ == 1) std::memcpy(dst, inputs[0] + at, static_cast<size_t>(len * element));
+  // The first two ranks' contributions are combined in one pass.
+  for (int r = 1; r < size_; ++r) {
+    const void* acc = r == 1 ? static_cast<const void*>(inputs[0] + at) : dst;
+    if (!Reduce(dtype, op, dst, acc, inputs[r] + at, len)) {
+      return Status::Error(StatusCode::kInvalidArgument, "allreduce of an unreducible dtype");
+    }
+  }
+  if (cross_) {
+    Status s = cross_->Allreduce(nullptr, dst, len, dtype, op);
+    if (!s.ok()) return s;
+  }
+  if (divisor != 1 || postscale != 1.0) FinalizeCopy(dtype, dst, dst, len, divisor, postscale);
+  return Status::OK();
+}
+
 Status ShmAllreduce::Run(char* out, int64_t count, DataType dtype, ReduceOp op, int divisor,
                          double postscale, const Fill& fill) {
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t piece = std::max<int64_t>(1, piece_bytes_ / element);
-  const bool finalize = divisor != 1 || postscale != 1.0;
+  std::vector<char*> halves(size_);
   for (int64_t offset = 0; offset < count; offset += piece) {
     const int64_t n = std::min(piece, count - offset);
     const int64_t half = (pieces_done_++ % 2) * piece_bytes_;
     fill(offset, offset + n, staging_[rank_] + half);
     Barrier();
-    // My slice: every rank's contribution combined in rank order, the first
-    // two in one pass.
-    const int64_t begin = n * rank_ / size_;
-    const int64_t end = n * (rank_ + 1) / size_;
-    const int64_t at = half + begin * element;
+    // My slice, combined from every rank's staging (and across hosts), then
+    // published in my staging for the others.
+    int64_t begin = 0, end = 0;
+    SliceOf(rank_, n, &begin, &end);
+    for (int r = 0; r < size_; ++r) halves[r] = staging_[r] + half;
     char* mine = out + (offset + begin) * element;
-    for (int r = 1; r < size_; ++r) {
-      const void* acc = r == 1 ? static_cast<const void*>(staging_[0] + at) : mine;
-      if (!Reduce(dtype, op, mine, acc, staging_[r] + at, end - begin)) {
-        return Status::Error(StatusCode::kInvalidArgument, "allreduce of an unreducible dtype");
-      }
-    }
-    if (finalize) FinalizeCopy(dtype, mine, mine, end - begin, divisor, postscale);
+    Status s = ReduceSlice(halves, begin * element, end - begin, mine, dtype, op, divisor,
+                           postscale);
+    if (!s.ok()) return s;
     std::memcpy(staging_[rank_] + half + begin * element, mine, (end - begin) * element);
     Barrier();
-    for (int r = 0; r < size_; ++r) {
+    for (int r = 0; r < slices_; ++r) {
       if (r == rank_) continue;
-      const int64_t b = n * r / size_;
-      const int64_t e = n * (r + 1) / size_;
+      int64_t b = 0, e = 0;
+      SliceOf(r, n, &b, &e);
       std::memcpy(out + (offset + b) * element, staging_[r] + half + b * element, (e - b) * element);
     }
   }
@@ -154,24 +171,20 @@ Status ShmAllreduce::RunShared(int64_t count, DataType dtype, ReduceOp op, int d
     blocks[r] = arena_.Region(r) + at;
   }
   const int64_t piece = std::max<int64_t>(1, piece_bytes_ / element);
-  const bool finalize = divisor != 1 || postscale != 1.0;
   for (int64_t first = 0; first < count; first += piece) {
     const int64_t n = std::min(piece, count - first);
     fill(first, first + n, blocks[rank_] + first * element);
     Barrier();
-    // My slice of the piece, combined in rank order as Run does. Not in
-    // place in my block: that is one of the inputs, still needed after the
-    // first step when there are more than two ranks.
-    const int64_t at = (first + n * rank_ / size_) * element;
-    const int64_t len = n * (rank_ + 1) / size_ - n * rank_ / size_;
+    // My slice of the piece, combined as Run does. Not in place in my
+    // block: that is one of the inputs, still needed after the first step
+    // when there are more than two ranks.
+    int64_t begin = 0, end = 0;
+    SliceOf(rank_, n, &begin, &end);
+    const int64_t at = (first + begin) * element;
+    const int64_t len = end - begin;
     char* slice = scratch_.data();
-    for (int r = 1; r < size_; ++r) {
-      const void* acc = r == 1 ? static_cast<const void*>(blocks[0] + at) : slice;
-      if (!Reduce(dtype, op, slice, acc, blocks[r] + at, len)) {
-        return Status::Error(StatusCode::kInvalidArgument, "allreduce of an unreducible dtype");
-      }
-    }
-    if (finalize) FinalizeCopy(dtype, slice, slice, len, divisor, postscale);
+    Status s = ReduceSlice(blocks, at, len, slice, dtype, op, divisor, postscale);
+    if (!s.ok()) return s;
     for (int r = 0; r < size_; ++r) {
       std::memcpy(blocks[r] + at, slice, static_cast<size_t>(len * element));
     }

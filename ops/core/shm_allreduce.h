@@ -1,4 +1,6 @@
-// Allreduce through shared memory, for when every rank runs on one host.
+// Allreduce through shared memory among the ranks of one host, and, with a
+// cross communicator, the hierarchical allreduce over several hosts (Note
+// [hierarchical allreduce] in allreduce_path.h).
 //
 // Each rank owns a staging area in one MPI shared-memory window, split in
 // two halves used by alternate pieces. Per piece of the buffer: every rank
@@ -6,7 +8,9 @@
 // reduces slice r of the piece across all ranks' staging (in rank order, so
 // the result is the same everywhere), finishes it (average, postscale) and
 // publishes it in its own staging; after a second barrier every rank copies
-// the other slices. Compared with copying into a fused buffer and calling
+// the other slices. Across hosts, slice r is allreduced over MPI with the
+// other hosts' rank r before it is published. Compared with copying into a
+// fused buffer and calling
 // MPI_Allreduce, the data crosses memory fewer times (MPI's shared-memory
 // path copies through its own cells).
 #pragma once
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "core/common.h"
+#include "core/mpi_context.h"
 #include "core/shm_arena.h"
 
 namespace hvdkeras {
@@ -28,12 +33,18 @@ class ShmAllreduce {
   // Writes this rank's contribution for elements [begin, end) to `dst`.
   using Fill = std::function<void(int64_t begin, int64_t end, char* dst)>;
 
-  // Collective over `comm`. Stays inactive (and returns OK) when the ranks do
-  // not all share one host, there is only one rank, or the window cannot be
-  // made on every rank. Pieces are as long as the MPI chunks (`chunk_bytes`;
-  // 4 MiB when those are off), at least 64 KiB. Results may live in shared
-  // memory (RunShared) up to `arena_bytes` per rank; 0 turns that off.
-  Status Open(MPI_Comm comm, int64_t chunk_bytes, int64_t arena_bytes);
+  // Collective over `host`, whose ranks share one host. The elements of a
+  // piece are cut into `slices` slices (at most the host's ranks), reduced
+  // by the first `slices` ranks; `cross` (null on one host, and on ranks
+  // with no slice) allreduces a slice with the other hosts. Stays inactive
+  // (and returns OK) when there is nothing to share (one rank and no cross
+  // step) or the window cannot be made on every rank of the host: the
+  // caller makes sure all hosts agree. Pieces are as long as the MPI chunks
+  // (`chunk_bytes`; 4 MiB when those are off), at least 64 KiB. Results may
+  // live in shared memory (RunShared) up to `arena_bytes` per rank; 0 turns
+  // that off.
+  Status Open(MPI_Comm host, const MpiContext* cross, int slices, int64_t chunk_bytes,
+              int64_t arena_bytes);
   // Collective: frees the window. `collective` false just forgets it (after
   // a failure, when the other ranks may not get here).
   void Close(bool collective);
@@ -58,6 +69,13 @@ class ShmAllreduce {
 
  private:
   void Barrier();
+  // Elements [*begin, *end) of an n-element piece are this rank's slice.
+  void SliceOf(int slice, int64_t n, int64_t* begin, int64_t* end) const;
+  // Combines every rank's contribution to elements [at, at+len) (bytes
+  // offset `at` in each of `inputs`) into `dst`, in rank order; then the
+  // cross step and the finish.
+  Status ReduceSlice(const std::vector<char*>& inputs, int64_t at, int64_t len, char* dst,
+                     DataType dtype, ReduceOp op, int divisor, double postscale) const;
 
   bool active_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -65,8 +83,10 @@ class ShmAllreduce {
   ShmArena arena_;
   int64_t arena_bytes_ = 0;
   bool arena_tried_ = false;
+  const MpiContext* cross_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
+  int slices_ = 1;
   int64_t piece_bytes_ = 0;
   uint64_t epoch_ = 0;
   int64_t pieces_done_ = 0;

@@ -20,7 +20,7 @@ TEST(DefaultsDescribeEverySettingInTableOrder) {
            std::string("fusion_threshold=67108864\ncycle_time_ms=1\ncache_capacity=1024\n"
                        "stall_check_seconds=60\nstall_shutdown_seconds=1800\ntimeline_path=\n"
                        "timeline_mark_cycles=0\nautotune=0\nautotune_log=\n"
-                       "allreduce_chunk_bytes=1048576\nshm_allreduce=1\n"
+                       "allreduce_chunk_bytes=1048576\nshm_allreduce=1\nhierarchical_allreduce=auto\n"
                        "shm_arena_bytes=67108864\n"
                        "fusion_threshold_fixed=0\ncycle_time_fixed=0\n"));
 }

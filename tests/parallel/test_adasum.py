@@ -50,9 +50,16 @@ def test_adasum_allreduce_matches_the_formula(dtype, mode):
     rtol = 1e-12 if dtype == tf.float64 else 1e-6
     want_x = reference([contribution(r) for r in range(WORLD_SIZE)])
     want_y = reference([contribution(r, (4,)) * 3 for r in range(WORLD_SIZE)])
-    np.testing.assert_allclose(got[0].numpy(), want_x, rtol=rtol)
-    np.testing.assert_allclose(got[1].numpy(), want_y, rtol=rtol)
-    np.testing.assert_allclose(single.numpy(), want_x, rtol=rtol)
+
+    def check(got_values, want):
+        # Rounding in the working dtype scales with the largest values
+        # combined, not with each result: an element that nearly cancels
+        # (from 4 ranks on) is held to the vector's scale.
+        np.testing.assert_allclose(got_values, want, rtol=rtol, atol=rtol * np.abs(want).max())
+
+    check(got[0].numpy(), want_x)
+    check(got[1].numpy(), want_y)
+    check(single.numpy(), want_x)
 
 
 def test_adasum_refuses_integers_and_slices():

@@ -22,11 +22,12 @@ from parallel_helpers import (
 def values_of(rank: int, shape, salt: int = 0) -> np.ndarray:
     """Rank-dependent small non-negative integers (0..12): exact in every dtype.
 
-    Bool sees value != 0; the pattern has both values on every rank, and ranks
-    differ from each other, so a wrong root is visible in every dtype.
+    Bool sees value != 0; the pattern has both values on every rank, and up
+    to 5 ranks differ from each other, so a wrong root is visible in every
+    dtype.
     """
     i = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
-    return (i * (rank + 1) + rank + salt) % 13 * ((i + rank) % 3 != 0)
+    return (i * (rank + 1) + rank + salt) % 13 * ((i + rank) % 5 != 0)
 
 
 @pytest.mark.parametrize("mode", MODES)

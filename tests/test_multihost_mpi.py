@@ -1,0 +1,72 @@
+"""The collective suite and the model.fit equivalence tests on several hosts,
+simulated on this machine, with the hierarchical allreduce on and off.
+
+Each job starts its ranks with MPICH's fork launcher and a host list
+(`simulated_hosts_args` in mpi_runner.py): MPI treats each named host as a
+node of its own, so local and cross ranks, the shared-memory domains and the
+engine's choice of allreduce path are what they would be on that many
+machines (tests/parallel/test_hosts.py checks them against the list). Every
+layout runs with `HVDKERAS_HIERARCHICAL_ALLREDUCE=1` (shared memory within a
+host, MPI across: Note [hierarchical allreduce] in ops/core/allreduce_path.h)
+and `=0` (one MPI allreduce over all ranks); every test checks exact values
+against what each rank contributed, or compares with one process on the
+global batch, so both paths must give those results.
+
+One pytest session per job covers all of tests/parallel/ (the per-file
+sessions of test_collectives_mpi.py would cost a start-up per file and
+layout); a failure still names its test in the output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpi_runner import assert_every_rank_passed, run_pytest_under_mpi
+
+TESTS = Path(__file__).resolve().parent
+# name -> (ranks, Hydra host list). Ranks fill each host's slots in list
+# order, then go round again: "3hosts" puts ranks 0 and 3 on h0, so its
+# hosts differ in size and a host's ranks are not consecutive.
+LAYOUTS = {
+    "2hosts-2x2": (4, "h0:2,h1:2"),
+    "3hosts-2+1+1": (4, "h0:1,h1:1,h2:1"),
+}
+PATHS = {"hierarchical": "1", "flat": "0"}
+# Backstops against hangs: the suite takes about 75 s with 4 ranks on an idle
+# 2-core machine; a stalled collective fails after STALL_SHUTDOWN_S.
+SUITE_TIMEOUT_S = 600
+FIT_TIMEOUT_S = 300
+STALL_SHUTDOWN_S = 30
+
+pytestmark = pytest.mark.usefixtures("op_library_built")
+
+CASES = [pytest.param(layout, path, id=f"{layout}-{path}")
+         for layout in LAYOUTS for path in PATHS]
+
+
+def _env(path: str) -> dict:
+    return {"HVDKERAS_HIERARCHICAL_ALLREDUCE": PATHS[path],
+            "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
+@pytest.mark.parametrize("layout, path", CASES)
+def test_collective_suite_on_simulated_hosts(layout, path):
+    np, hosts = LAYOUTS[layout]
+    result, reports = run_pytest_under_mpi(np, TESTS / "parallel", timeout=SUITE_TIMEOUT_S,
+                                           env=_env(path), hosts=hosts)
+    assert_every_rank_passed(np, result, reports)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(FIT_TIMEOUT_S + 60)
+@pytest.mark.parametrize("layout, path", CASES)
+def test_fit_matches_one_process_on_simulated_hosts(layout, path):
+    np, hosts = LAYOUTS[layout]
+    result, reports = run_pytest_under_mpi(
+        np, TESTS / "keras_parallel" / "test_equivalence.py", timeout=FIT_TIMEOUT_S,
+        env=_env(path), hosts=hosts, extra_args=["-rfE", "-W", "ignore::DeprecationWarning"])
+    assert_every_rank_passed(np, result, reports)
