@@ -31,6 +31,8 @@ from hvdkeras.migrate import migrate
 from hvdkeras.recipes import RecipeError, bundled_recipes, find_recipe, load_recipe
 from hvdkeras.recipes import launching
 from hvdkeras.recipes.yaml_source import SourceError, load_file
+from hvdkeras.runner import startup_noise
+from hvdkeras.runner.knobs import LOG_LEVELS
 
 Handler = Callable[[argparse.Namespace], int]
 Configure = Callable[[argparse.ArgumentParser], None]
@@ -78,8 +80,18 @@ def _configure_build(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="show compiler commands and output")
 
 
+def _load_tensorflow() -> None:
+    """Imports TensorFlow and sees its devices, without its start-up lines
+    unless the user asked for them (Note [quiet start-up])."""
+    with startup_noise.filtered_stderr(startup_noise.quiet_requested(os.environ)):
+        import tensorflow as tf  # lazy: seconds to import; only some commands need it
+
+        tf.config.list_physical_devices()
+
+
 @command("build", help="compile the op library (cached) and print its path", configure=_configure_build)
 def _build(args: argparse.Namespace) -> int:
+    _load_tensorflow()
     print(build.ensure_built(force=args.force, verbose=args.verbose))
     return 0
 
@@ -138,6 +150,7 @@ def _op_library_rows() -> list[tuple[str, object]]:
 
 @command("check", help="report versions, the MPI in use and the op library's state")
 def _check(args: argparse.Namespace) -> int:
+    _load_tensorflow()
     _print_rows(_framework_rows() + _mpi_rows())
     sys.stdout.flush()  # the versions appear before a possibly long build
     _print_rows(_op_library_rows())
@@ -344,6 +357,9 @@ def _recipes(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """Argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="hvdkeras", description="Distributed Keras training over MPI.")
+    parser.add_argument("--log-level", choices=sorted(LOG_LEVELS), type=str.lower, default=None,
+                        help="show TensorFlow's C++ log lines from this level on, start-up "
+                             "lines included (default: errors only, start-up lines hidden)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, spec in COMMANDS.items():
         subparser = subparsers.add_parser(name, help=spec.help, description=spec.help)
@@ -356,6 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (2 on build errors)."""
     args = build_parser().parse_args(argv)
+    if args.log_level:
+        os.environ[startup_noise.HVDKERAS_LOG_LEVEL] = args.log_level
+        os.environ[startup_noise.TF_LOG_LEVEL] = LOG_LEVELS[args.log_level]
+    # Note [quiet start-up]: this process and the ranks it launches.
+    os.environ.update(startup_noise.quiet_env(os.environ))
     try:
         return args.handler(args)
     except toolchain.BuildError as exc:

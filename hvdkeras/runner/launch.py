@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 
 from hvdkeras.engine.config import EXPECTED_SIZE as EXPECTED_SIZE_ENV
 from hvdkeras.runner import elastic as elastic_world
-from hvdkeras.runner import mpi_env
+from hvdkeras.runner import mpi_env, startup_noise
 from hvdkeras.runner.hosts import (HostSlots, hydra_machinefile, openmpi_hostfile, parse_hostfile,
                                    parse_hosts, total_slots)
 from hvdkeras.runner.restart import (ATTEMPT_ENV, ElasticState, JobResult, RestartPolicy,
@@ -227,9 +227,12 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
         rank_env.update(extra_env)
         rank_env[EXPECTED_SIZE_ENV] = str(np)
         rank_env.setdefault("PYTHONUNBUFFERED", "1")
+        quiet = startup_noise.quiet_env(rank_env)  # Note [quiet start-up]
+        rank_env.update(quiet)
         plan = mpi_env.LaunchPlan(
             mpiexec=mpiexec, vendor=vendor, np=np, hosts=plan_hosts, hostfile=plan_hostfile,
-            env_names=mpi_env.forwarded_env_names([*extra_env, EXPECTED_SIZE_ENV, ATTEMPT_ENV], rank_env),
+            env_names=mpi_env.forwarded_env_names([*extra_env, *quiet, EXPECTED_SIZE_ENV, ATTEMPT_ENV],
+                                                rank_env),
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
             extra_args=tuple(shlex.split(os.environ.get(mpi_env.MPIEXEC_ARGS_ENV, ""))),
         )

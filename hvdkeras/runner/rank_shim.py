@@ -34,6 +34,11 @@ import threading
 import time
 from typing import Optional
 
+if __package__:
+    from hvdkeras.runner import startup_noise
+else:  # run by path (see above): the sibling module, without the package
+    import startup_noise
+
 TAIL_LINES = 20
 # Note [failure record]
 # ~~~~~~~~~~~~~~~~~~~~~
@@ -145,10 +150,12 @@ class Pump(threading.Thread):
     mixed into rank 0's bar.
     """
 
-    def __init__(self, fd: int, out, tag: bytes, tail, lock, log, live: bool = False) -> None:
+    def __init__(self, fd: int, out, tag: bytes, tail, lock, log, live: bool = False,
+                 quiet: bool = False) -> None:
         super().__init__(daemon=True)
         self.fd, self.out, self.tag, self.tail, self.lock, self.log = fd, out, tag, tail, lock, log
         self.live = live
+        self.quiet = quiet  # TensorFlow's start-up lines go to the log only
         self._showing = b""  # the update shown last on an unfinished live line
 
     def _write(self, data: bytes) -> None:
@@ -161,16 +168,23 @@ class Pump(threading.Thread):
     def _emit(self, line: bytes) -> None:
         line = final_state(line)
         data = self.tag + line + (b"" if line.endswith(b"\n") else b"\n")
+        if self.quiet and startup_noise.is_startup_noise(line.decode(errors="replace")):
+            self._log(data)
+            return
         with self.lock:
             self.tail.append((self.tag.decode(errors="replace") + line.decode(errors="replace")).rstrip("\n"))
             self._write((b"\r" if self._showing else b"") + data)
             self._showing = b""
-            if self.log is not None:
-                try:
-                    self.log.write(data)
-                    self.log.flush()
-                except OSError:
-                    pass
+            self._log(data)
+
+    def _log(self, data: bytes) -> None:
+        """Appends to the rank's log file (callers hold no lock or the pump's)."""
+        if self.log is not None:
+            try:
+                self.log.write(data)
+                self.log.flush()
+            except OSError:
+                pass
 
     def _show_update(self, pending: bytes) -> None:
         """Shows the newest complete update of an unfinished line (live only)."""
@@ -319,9 +333,10 @@ def _supervise(command: list[str], status_dir: Optional[str], log_dir: Optional[
     err = sys.stderr.buffer
     tag = (lambda stream: f"[{rank}]<{stream}>: ".encode()) if prefix else (lambda stream: b"")
     # Rank 0 alone shows progress bars live (Keras prints them on rank 0).
+    quiet = startup_noise.quiet_requested(os.environ)  # Note [quiet start-up]
     pumps = [Pump(os.dup(child.stdout.fileno()), out, tag("stdout"), tail, lock, log,
-                  live=rank == "0"),
-             Pump(os.dup(child.stderr.fileno()), err, tag("stderr"), tail, lock, log)]
+                  live=rank == "0", quiet=quiet),
+             Pump(os.dup(child.stderr.fileno()), err, tag("stderr"), tail, lock, log, quiet=quiet)]
     child.stdout.close()
     child.stderr.close()
     for pump in pumps:
