@@ -34,6 +34,8 @@ _PUBLIC: Dict[str, str] = {
         ("init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
          "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
          "start_timeline", "stop_timeline", "engine_config"), "hvdkeras.engine.world"),
+    "EngineStats": "hvdkeras.engine.stats",
+    "engine_stats": "hvdkeras.engine.stats",
     # Process sets.
     **dict.fromkeys(("ProcessSet", "add_process_set", "remove_process_set",
                      "global_process_set"), "hvdkeras.engine.process_sets"),
@@ -112,6 +114,7 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
                                               nccl_built, rocm_built)
     from hvdkeras.engine.process_sets import (ProcessSet, add_process_set, global_process_set,
                                               remove_process_set)
+    from hvdkeras.engine.stats import EngineStats, engine_stats
     from hvdkeras.engine.types import Adasum, Average, Max, Min, Product, Sum
     from hvdkeras.engine.world import (cross_rank, cross_size, engine_config, init,
                                        is_homogeneous, is_initialized, local_rank, local_size,

@@ -12,6 +12,7 @@ It imports `hvdkeras.training`, `hvdkeras.collectives`, `hvdkeras.gpu` and
 from hvdkeras.callbacks.best_model import BestModelCheckpoint
 from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback
 from hvdkeras.callbacks.checkpoint import CheckpointCallback
+from hvdkeras.callbacks.engine_stats import EngineStatsCallback
 from hvdkeras.callbacks.gpu_stats import GPUStatsCallback
 from hvdkeras.callbacks.learning_rate_schedule import LearningRateScheduleCallback
 from hvdkeras.callbacks.learning_rate_warmup import LearningRateWarmupCallback
@@ -19,7 +20,8 @@ from hvdkeras.callbacks.metric_average import MetricAverageCallback
 from hvdkeras.callbacks.standard import standard_callbacks
 
 __all__ = [
-    "BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "CheckpointCallback", "GPUStatsCallback",
+    "BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "CheckpointCallback", "EngineStatsCallback",
+    "GPUStatsCallback",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "MetricAverageCallback", "standard_callbacks",
 ]

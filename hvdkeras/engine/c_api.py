@@ -41,6 +41,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_current_params.argtypes = [ctypes.POINTER(ctypes.c_int64),
                                             ctypes.POINTER(ctypes.c_double)]
     lib.hvdkeras_current_params.restype = None
+    lib.hvdkeras_engine_stats.argtypes = [ctypes.POINTER(ctypes.c_int64),
+                                          ctypes.POINTER(ctypes.c_double)]
+    lib.hvdkeras_engine_stats.restype = None
     lib.hvdkeras_allreduce_path.argtypes = []
     lib.hvdkeras_allreduce_path.restype = ctypes.c_char_p
     lib.hvdkeras_xla_calls_built.argtypes = []
@@ -171,6 +174,13 @@ def gpu_probe_copies(lib: ctypes.CDLL, tensors: int, bytes_each: int,
                                      len(text)) != 0:
         raise RuntimeError(text.value.decode(errors="replace"))
     return {"packed": results[0], "plain": results[1], "scaled": results[2]}
+
+
+def engine_stats(lib: ctypes.CDLL) -> tuple[list, list]:
+    """([ops, batches, bytes reduced], [execute s, wait s]) since init()."""
+    counts, seconds = (ctypes.c_int64 * 3)(), (ctypes.c_double * 2)()
+    lib.hvdkeras_engine_stats(counts, seconds)
+    return list(counts), list(seconds)
 
 
 def allreduce_path(lib: ctypes.CDLL) -> str:

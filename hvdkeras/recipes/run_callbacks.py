@@ -15,6 +15,7 @@ import keras
 
 from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback
 from hvdkeras.callbacks.checkpoint import CheckpointCallback
+from hvdkeras.callbacks.engine_stats import EngineStatsCallback
 from hvdkeras.callbacks.gpu_stats import GPUStatsCallback
 from hvdkeras.callbacks.metric_average import MetricAverageCallback
 from hvdkeras.training import lr_variable
@@ -98,6 +99,9 @@ def make_callbacks(recipe: dict, rank: int, steps_per_epoch: int, total_batches:
         MetricAverageCallback(),
         LearningRateLogger(),
         throughput,
+        # After the metric average, before the loggers: rank 0's figures
+        # reach the history, the CSV log and TensorBoard.
+        EngineStatsCallback(global_batch),
     ]
     if total_batches is not None:
         callbacks.append(StopAtStep(total_batches, steps_per_epoch))

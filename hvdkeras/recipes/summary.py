@@ -9,9 +9,26 @@ import os
 from typing import Any, Dict
 
 
+ENGINE_PREFIX = "hvdkeras_"  # EngineStatsCallback's figures (hvdkeras/callbacks/engine_stats.py)
+
+
 def _metric_line(values: Dict[str, float]) -> str:
     ordered = sorted(values, key=lambda k: (k.startswith("val_"), k != "loss", k))
-    return "  ".join(f"{k} {values[k]:.4g}" for k in ordered if k != "learning_rate")
+    return "  ".join(f"{k} {values[k]:.4g}" for k in ordered
+                     if k != "learning_rate" and not k.startswith(ENGINE_PREFIX))
+
+
+def _engine_line(values: Dict[str, float]) -> str:
+    """The last epoch's step and engine figures, in words; "" without them."""
+    get = lambda name: values.get(ENGINE_PREFIX + name)  # noqa: E731
+    if get("step_ms") is None:
+        return ""
+    buffers = get("batches_per_step") or 0
+    return (f"per step in the last epoch: {get('step_ms'):.1f} ms, of which the engine spent "
+            f"{get('collective_ms_per_step'):.2f} ms reducing and "
+            f"{get('wait_ms_per_step'):.2f} ms waiting for other ranks; "
+            f"{get('reduced_mb_per_step'):.2f} MB reduced in {buffers:.3g} "
+            f"buffer{'s' if buffers != 1 else ''}")
 
 
 def format_summary(s: Dict[str, Any]) -> str:
@@ -31,6 +48,9 @@ def format_summary(s: Dict[str, Any]) -> str:
     if s["final"]:
         label = f"epoch {s['last_epoch']}" if s["epochs_run"] else "evaluated now"
         lines.append(f"final metrics ({label}): {_metric_line(s['final'])}")
+    engine = _engine_line(s["final"]) if s["epochs_run"] else ""
+    if engine:
+        lines.append(engine)
     lr = s["final"].get("learning_rate")
     if lr is not None:
         lines.append(f"learning rate at the end: {lr:.4g}")

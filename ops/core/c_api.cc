@@ -111,6 +111,12 @@ void hvdkeras_current_params(int64_t* fusion_threshold, double* cycle_time_ms) {
   hvdkeras::Engine::Instance().CurrentParams(fusion_threshold, cycle_time_ms);
 }
 
+// The global set's totals since init(): counts[3] (ops, batches, bytes
+// reduced) and seconds[2] (executing, negotiating with ops pending).
+void hvdkeras_engine_stats(int64_t* counts, double* seconds) {
+  hvdkeras::Engine::Instance().Stats(counts, seconds);
+}
+
 // How large CPU allreduces of the global set go: "shm", "hierarchical" or
 // "mpi" (see Note [hierarchical allreduce] in allreduce_path.h).
 const char* hvdkeras_allreduce_path() { return hvdkeras::Engine::Instance().allreduce_path(); }

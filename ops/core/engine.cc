@@ -106,6 +106,11 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   s = executor_.Open(&mpi_, config);
   if (!s.ok()) return s;
   allreduce_path_ = executor_.allreduce_path();
+  stat_ops_ = 0;
+  stat_batches_ = 0;
+  stat_bytes_reduced_ = 0;
+  stat_execute_seconds_ = 0.0;
+  stat_wait_seconds_ = 0.0;
   pending_.TakeAll();
   negotiator_.Reset(&mpi_, config);
   tuning_.Start(mpi_.rank(), config);
@@ -188,7 +193,13 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   if (timeline_.active()) timeline_.CycleStart();
 
   const CycleSignals signals{stop, timeline_.active(), tuning_.has_news()};
+  const bool waiting = !pending_.empty();
   Agreement agreement = negotiator_.Negotiate(pending_, signals, now);
+  const auto negotiated = Clock::now();
+  if (waiting) {
+    stat_wait_seconds_ = stat_wait_seconds_.load() +
+                         std::chrono::duration<double>(negotiated - now).count();
+  }
   if (!agreement.error.ok()) {
     FailEverything("hvdkeras negotiation failed: " + agreement.error.message);
     return false;
@@ -209,6 +220,20 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   }
   const std::vector<Status> statuses = executor_.Execute(
       ready, config_.fusion_threshold, timeline_.active() ? &timeline_ : nullptr);
+  if (!ready.empty()) {
+    int64_t reduced = 0;
+    for (const PendingOp* op : ready) {
+      const OpType type = op->request.op_type;
+      if (type == OpType::kAllreduce || type == OpType::kReducescatter) {
+        reduced += op->request.TotalBytes();
+      }
+    }
+    stat_ops_ += static_cast<int64_t>(ready.size());
+    stat_batches_ = executor_.batches_run();
+    stat_bytes_reduced_ += reduced;
+    stat_execute_seconds_ = stat_execute_seconds_.load() +
+                            std::chrono::duration<double>(Clock::now() - negotiated).count();
+  }
   if (tuning_.measuring()) {
     int64_t bytes = 0;
     for (PendingOp* op : ready) bytes += op->request.TotalBytes();

@@ -73,6 +73,19 @@ class Engine {
     *cycle_time_ms = current_cycle_time_ms_.load();
   }
 
+  // Totals since Start, for hvdkeras.engine_stats(): [0] ops executed,
+  // [1] batches (fused buffers and lone ops) executed, [2] bytes of
+  // allreduce and reducescatter input; seconds [0] executing batches,
+  // [1] negotiating while some op was pending (mostly waiting for other
+  // ranks to submit it). Any thread.
+  void Stats(int64_t counts[3], double seconds[2]) const {
+    counts[0] = stat_ops_.load();
+    counts[1] = stat_batches_.load();
+    counts[2] = stat_bytes_reduced_.load();
+    seconds[0] = stat_execute_seconds_.load();
+    seconds[1] = stat_wait_seconds_.load();
+  }
+
   // "shm", "hierarchical" or "mpi": how large CPU allreduces go, chosen at
   // Start from the hosts' layout (allreduce_path.h).
   const char* allreduce_path() const { return AllreducePathName(allreduce_path_.load()); }
@@ -116,6 +129,12 @@ class Engine {
   std::atomic<int64_t> current_threshold_{0};
   std::atomic<double> current_cycle_time_ms_{0.0};
   std::atomic<AllreducePath> allreduce_path_{AllreducePath::kMpi};
+  // Published for Stats(); written by the engine thread only.
+  std::atomic<int64_t> stat_ops_{0};
+  std::atomic<int64_t> stat_batches_{0};
+  std::atomic<int64_t> stat_bytes_reduced_{0};
+  std::atomic<double> stat_execute_seconds_{0.0};
+  std::atomic<double> stat_wait_seconds_{0.0};
 };
 
 }  // namespace hvdkeras

@@ -62,6 +62,7 @@ std::string TensorArgs(const Request& r) {
 Status Executor::Open(const MpiContext* mpi, const EngineConfig& config) {
   mpi_ = mpi;
   path_ = AllreducePath::kMpi;
+  batches_run_ = 0;
   Status s = topology_.Open(mpi->comm(), config.shm_allreduce, config.hierarchical_allreduce);
   if (!s.ok()) return s;
   if (topology_.path() == AllreducePath::kMpi) return Status::OK();
@@ -129,6 +130,7 @@ std::vector<Status> Executor::Execute(const std::vector<PendingOp*>& ready,
       }
     }
     const Status s = ExecuteBatch(batch, timeline);
+    ++batches_run_;
     if (timeline) {
       for (PendingOp* op : batch) timeline->OpEnd(op->request.name);
     }

@@ -30,6 +30,9 @@ class Executor {
   // other ranks may not get here).
   void Close(bool collective);
 
+  // Batches executed since Open.
+  int64_t batches_run() const { return batches_run_; }
+
   // The way large CPU allreduces go (fixed at Open).
   AllreducePath allreduce_path() const { return path_; }
 
@@ -47,6 +50,7 @@ class Executor {
   // Fused allreduce results handed out as outputs; up to 256 MiB of released
   // blocks are kept for the next steps.
   BlockPool output_blocks_{int64_t{256} << 20};
+  int64_t batches_run_ = 0;
   HostTopology topology_;
   AllreducePath path_ = AllreducePath::kMpi;
   MpiContext cross_mpi_;  // the cross step of the hierarchical allreduce
