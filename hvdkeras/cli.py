@@ -30,7 +30,9 @@ from hvdkeras.gpu.report import gpu_rows
 from hvdkeras.migrate import migrate
 from hvdkeras.recipes import RecipeError, bundled_recipes, find_recipe, load_recipe
 from hvdkeras.recipes import launching
+from hvdkeras.recipes.paths import run_dir_of
 from hvdkeras.recipes.yaml_source import SourceError, load_file
+from hvdkeras.report import ReportError, write_report
 from hvdkeras.runner import startup_noise
 from hvdkeras.runner.knobs import LOG_LEVELS
 
@@ -221,21 +223,57 @@ def _train(args: argparse.Namespace) -> int:
     summary_json = os.path.abspath(args.summary_json) if args.summary_json else None
     elastic = args.min_np is not None or args.max_np is not None
     if args.engine == "ray":
-        return _train_on_ray(args, os.path.abspath(path), env, summary_json, elastic)
-    if args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts \
+        code = _train_on_ray(args, os.path.abspath(path), env, summary_json, elastic)
+    elif args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts \
             and not elastic:
         from hvdkeras.recipes.run import train  # lazy: imports TensorFlow
 
         os.environ.update(env)
-        return train(recipe, summary_json)
-    command = launching.rank_command(os.path.abspath(path), args.overrides, summary_json)
+        code = train(recipe, summary_json)
+    else:
+        command = launching.rank_command(os.path.abspath(path), args.overrides, summary_json)
+        try:
+            code = launching.launch_ranks(command, np=args.np, hosts=args.hosts,
+                                          hostfile=args.hostfile, env=env,
+                                          max_restarts=args.max_restarts, min_np=args.min_np,
+                                          max_np=args.max_np)
+        except ValueError as error:
+            print(f"hvdkeras: error: {error}", file=sys.stderr)
+            return 2
+    if code == 0:
+        _report_run(run_dir_of(recipe))
+    return code
+
+
+def _report_run(run_dir: Optional[str]) -> None:
+    """After a successful run: its report, or how to get one."""
+    if not run_dir or not os.path.isfile(os.path.join(run_dir, "run.json")):
+        return
     try:
-        return launching.launch_ranks(command, np=args.np, hosts=args.hosts, hostfile=args.hostfile,
-                                      env=env, max_restarts=args.max_restarts, min_np=args.min_np,
-                                      max_np=args.max_np)
-    except ValueError as error:
+        print(f"hvdkeras: report: {write_report(run_dir)}")
+    except ReportError as error:
+        print(f"hvdkeras: no report ({error}); once that is fixed: hvdkeras report {run_dir}")
+
+
+# --------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------
+
+
+def _configure_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a run directory, e.g. runs/digits (where the recipe's "
+                                        "CSV log and run.json are)")
+
+
+@command("report", help="draw a run's curves and step times into RUN_DIR/report/ (HTML + PNGs)",
+         configure=_configure_report)
+def _report(args: argparse.Namespace) -> int:
+    try:
+        print(write_report(args.run_dir))
+    except ReportError as error:
         print(f"hvdkeras: error: {error}", file=sys.stderr)
         return 2
+    return 0
 
 
 def _train_on_ray(args: argparse.Namespace, path: str, env: dict, summary_json: Optional[str],

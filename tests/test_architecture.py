@@ -43,6 +43,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.cluster": {"hvdkeras.runner", "hvdkeras.engine"},
     "hvdkeras.ray": {"hvdkeras.cluster", "hvdkeras.runner"},
     "hvdkeras.migrate": set(),  # standard library only
+    "hvdkeras.report": set(),  # files in, pictures out (matplotlib)
     "hvdkeras.elastic": {"hvdkeras.callbacks", "hvdkeras.training"},
     "hvdkeras.cli": {"hvdkeras"},
     "hvdkeras": {"hvdkeras"},

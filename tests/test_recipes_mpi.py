@@ -52,6 +52,9 @@ def test_digits_main_job_reaches_95_percent(tmp_path):
     assert "hvdkeras: ===== digits-cnn: finished in" in out
     assert f"checkpoints: {checkpoints} (newest: epoch-00012.keras)" in out
     assert "final metrics (epoch 12): loss" in out
+    # The run's report (tests/test_report.py checks its contents).
+    report = tmp_path / "runs" / "digits" / "report" / "index.html"
+    assert f"hvdkeras: report: {report}" in out and report.is_file()
 
 
 @pytest.mark.slow

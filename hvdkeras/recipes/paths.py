@@ -45,3 +45,23 @@ def resolve_paths(recipe: dict, base: FsPath, cwd: FsPath) -> None:
         recipe["engine"]["timeline"] = _output_path(recipe["engine"]["timeline"], cwd)
 
 
+
+
+def run_dir_of(recipe: dict) -> str | None:
+    """Where a recipe's run writes (its `run.json`, and where `hvdkeras report`
+    looks): the CSV log's directory, else the checkpoint directory's parent,
+    else the TensorBoard directory's parent; None when it writes none of
+    them. Call after `resolve_paths`. Pure.
+
+    >>> run_dir_of({"callbacks": {"csv_logger": {"path": "/r/d/history.csv"},
+    ...             "tensorboard": None}, "checkpoint": None})
+    '/r/d'
+    """
+    callbacks = recipe["callbacks"]
+    if callbacks["csv_logger"] is not None:
+        return os.path.dirname(callbacks["csv_logger"]["path"])
+    if recipe["checkpoint"] is not None:
+        return os.path.dirname(recipe["checkpoint"]["dir"].rstrip("/"))
+    if callbacks["tensorboard"] is not None:
+        return os.path.dirname(callbacks["tensorboard"]["log_dir"].rstrip("/"))
+    return None

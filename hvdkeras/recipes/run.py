@@ -77,6 +77,9 @@ def train_on_task(recipe: str, overrides: Sequence[str] = (),
 
 def train(recipe: dict, summary_json: Optional[str] = None) -> int:
     """Starts hvdkeras (if needed) and trains `recipe`; returns the exit code."""
+    timeline = recipe["engine"]["timeline"]
+    if timeline:  # rank 0's engine opens it at init, before anything made the run directory
+        os.makedirs(os.path.dirname(timeline) or ".", exist_ok=True)
     world.init()
     pin_gpu()  # one GPU per rank, where there are GPUs
     try:

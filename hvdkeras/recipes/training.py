@@ -24,12 +24,16 @@ from hvdkeras.recipes.data import Data, build_data
 from hvdkeras.recipes.keras_objects import (make_learning_rate, make_loss, make_metric,
                                             make_optimizer)
 from hvdkeras.recipes.models import build_model
+from hvdkeras.recipes.paths import run_dir_of
 from hvdkeras.recipes.run_callbacks import make_callbacks
 from hvdkeras.recipes.summary import format_summary
 from hvdkeras.training.checkpoint_naming import newest_first
 from hvdkeras.training.checkpoint_restore import TrainingPosition, restore_training_position
 from hvdkeras.training.lr_variable import set_learning_rate
+from hvdkeras.runner.task_files import write_atomic
 from hvdkeras.training.output import fit_verbose
+
+RUN_SUMMARY_NAME = "run.json"
 
 
 def agree_steps(local: int, name: str) -> int:
@@ -217,8 +221,11 @@ def run(recipe: dict, summary_json: Optional[str] = None) -> Dict[str, Any]:
     }
     if rank == 0:
         print(format_summary(summary), flush=True)
-        if summary_json:
-            os.makedirs(os.path.dirname(os.path.abspath(summary_json)), exist_ok=True)
-            with open(summary_json, "w") as f:
-                json.dump(summary, f, indent=2)
+        text = json.dumps(summary, indent=2).encode()
+        run_dir = run_dir_of(recipe)
+        # `hvdkeras report` reads it (hvdkeras/report/run_data.py).
+        targets = [os.path.join(run_dir, RUN_SUMMARY_NAME)] if run_dir else []
+        for path in targets + ([summary_json] if summary_json else []):
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            write_atomic(path, text)
     return summary
