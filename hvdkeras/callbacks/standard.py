@@ -38,10 +38,13 @@ def standard_callbacks(root_rank: int = 0,
         root_rank: The rank whose initial state everyone starts from.
         warmup_initial_lr: The scaled learning rate to warm up to; None: no
             warmup callback.
-        warmup_epochs, steps_per_epoch: For the warmup callback.
+        warmup_epochs: For the warmup callback.
+        steps_per_epoch: For the warmup callback.
         callbacks: Your own callbacks, placed after the averaging.
-        checkpoint_dir, keep_last, save_best_only, monitor: For the
-            checkpoint callback.
+        checkpoint_dir: For the checkpoint callback.
+        keep_last: For the checkpoint callback.
+        save_best_only: For the checkpoint callback.
+        monitor: For the checkpoint callback.
         verbose: Passed to the warmup and checkpoint callbacks.
 
     Returns:

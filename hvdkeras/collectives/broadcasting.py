@@ -10,13 +10,13 @@ from typing import Iterable, Optional, Sequence
 import tensorflow as tf
 
 from hvdkeras.collectives import kernels
-from hvdkeras.collectives.common import check_dtype, not_converted
+from hvdkeras.collectives.common import TensorLike, check_dtype, not_converted
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 
 
 @not_converted
-def broadcast(tensor, root_rank: int = 0, name: Optional[str] = None,
+def broadcast(tensor: TensorLike, root_rank: int = 0, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Copies `tensor` from `root_rank` to every rank.
 

@@ -26,6 +26,10 @@ import tensorflow as tf
 from hvdkeras.engine import library
 from hvdkeras.engine.types import ALL_REDUCE_OP_NAMES, Average, Sum
 
+# What the collectives accept as a tensor: tensors, variables, NumPy arrays
+# and Python numbers (converted with tf.convert_to_tensor).
+TensorLike = tf.types.experimental.TensorLike
+
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 # Autograph need not rewrite the wrappers when they are called inside a

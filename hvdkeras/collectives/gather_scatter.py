@@ -11,14 +11,15 @@ from typing import List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from hvdkeras.collectives import kernels
-from hvdkeras.collectives.common import not_converted, per_dtype, resolve_op, to_tensors
+from hvdkeras.collectives.common import (TensorLike, not_converted, per_dtype, resolve_op,
+                                         to_tensors)
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average, Sum
 
 
 @not_converted
-def allgather(tensor, name: Optional[str] = None,
+def allgather(tensor: TensorLike, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenates every rank's tensor along the first dimension.
 
@@ -87,7 +88,7 @@ def even_splits(rows, size: int) -> tf.Tensor:
 
 
 @not_converted
-def alltoall(tensor, splits=None, name: Optional[str] = None,
+def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set
              ) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:
     """Sends `splits[r]` rows of `tensor` to rank r; returns what arrived.
@@ -139,7 +140,7 @@ def _check_scatter_op(op: int) -> None:
 
 
 @not_converted
-def reducescatter(tensor, name: Optional[str] = None, op: Optional[int] = None,
+def reducescatter(tensor: TensorLike, name: Optional[str] = None, op: Optional[int] = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Reduces a tensor over all ranks and keeps this rank's block of rows.
@@ -182,8 +183,11 @@ def grouped_reducescatter(tensors: Sequence, name: Optional[str] = None,
 
     Args:
         tensors: Tensors (at least 1-D) with the same shapes on every rank.
-        name, op, prescale_factor, postscale_factor, process_set: As in
-            `reducescatter`.
+        name: As in `reducescatter`.
+        op: As in `reducescatter`.
+        prescale_factor: As in `reducescatter`.
+        postscale_factor: As in `reducescatter`.
+        process_set: As in `reducescatter`.
 
     Returns:
         This rank's rows of each reduced tensor, in input order.

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from hvdkeras.collectives import kernels, sparse
 from hvdkeras.collectives.adasum import adasum_allreduce
-from hvdkeras.collectives.common import (check_dtype, not_converted, per_dtype, resolve_op,
+from hvdkeras.collectives.common import (TensorLike, check_dtype, not_converted, per_dtype, resolve_op,
                                          scale_values)
 from hvdkeras.collectives.compression import Compression, Compressor
 from hvdkeras.engine import process_sets
@@ -20,7 +20,7 @@ from hvdkeras.engine.types import Adasum
 
 
 @not_converted
-def allreduce(tensor, name: Optional[str] = None, average: Optional[bool] = None,
+def allreduce(tensor: TensorLike, name: Optional[str] = None, average: Optional[bool] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               op: Optional[int] = None,
               compression: Compressor = Compression.none,
@@ -95,8 +95,13 @@ def grouped_allreduce(tensors: Sequence, name: Optional[str] = None,
     Args:
         tensors: A list of tensors (shapes may differ); `tf.IndexedSlices`
             among them are gathered as in `allreduce`.
-        name, average, prescale_factor, postscale_factor, op, compression,
-            process_set: As in `allreduce`.
+        name: As in `allreduce`.
+        average: As in `allreduce`.
+        prescale_factor: As in `allreduce`.
+        postscale_factor: As in `allreduce`.
+        op: As in `allreduce`.
+        compression: As in `allreduce`.
+        process_set: As in `allreduce`.
 
     Returns:
         A list of reduced tensors, in input order.

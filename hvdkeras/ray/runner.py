@@ -68,10 +68,12 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
 
     Args:
         fn: A function cloudpickle can ship; closures are fine.
-        args, kwargs: Its arguments.
+        args: Its positional arguments.
+        kwargs: Its keyword arguments.
         num_proc: Number of ranks = actors (required).
         env: Extra environment variables for the ranks (e.g. HVDKERAS_* knobs).
-        cpus_per_rank, gpus_per_rank: What each actor reserves.
+        cpus_per_rank: CPUs each actor reserves.
+        gpus_per_rank: GPUs each actor reserves.
         placement: Ray's placement strategy for the ranks' bundles:
             "SPREAD" (default), "PACK", "STRICT_SPREAD" or "STRICT_PACK".
         start_timeout: Seconds for the ranks to be placed, start and join

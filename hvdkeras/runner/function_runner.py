@@ -107,20 +107,28 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, np: in
     Args:
         fn: Any callable cloudpickle can ship (closures and lambdas included).
             It typically calls `hvdkeras.init()` first.
-        args, kwargs: Its arguments (pickled once, the same for every rank).
+        args: Its positional arguments (pickled once, the same for every
+            rank).
+        kwargs: Its keyword arguments, likewise.
         np: Number of ranks.
-        hosts, hostfile, env, output_dir, prefix_output: as for `launch`.
+        hosts: As for `launch`.
+        hostfile: As for `launch`.
+        env: As for `launch`.
+        output_dir: As for `launch`.
+        prefix_output: As for `launch`.
         return_all: False returns rank 0's result alone.
         work_dir: Where the per-call temporary directory goes (default: the
             system temp dir). Across hosts it must be a path every host sees.
         timeout: Seconds after which every rank is ended and RankFailedError
             raised (default: none).
-        min_np, max_np: Elastic restarts, as for `launch`.
+        min_np: Elastic restarts, as for `launch`.
+        max_np: Elastic restarts, as for `launch`.
         executable: The Python interpreter the ranks run (default: this one).
         output_filename: Horovod's name for `output_dir`.
-        use_mpi, use_gloo, verbose: Horovod's switches; hvdkeras always uses
-            MPI (use_gloo=True or use_mpi=False is an error) and always
-            reports a failing rank, so `verbose` is accepted and unused.
+        use_mpi: Horovod's switch; hvdkeras always uses MPI (False is an
+            error).
+        use_gloo: Horovod's switch; True is an error (no Gloo here).
+        verbose: Accepted and unused: a failing rank is always reported.
 
     Returns:
         Every rank's return value, in rank order (rank 0's with

@@ -135,11 +135,12 @@ def launch(command: list[str], np: int, hosts: str | None = None, hostfile: str 
             times (backoff 1 s, 2 s, 4 s, ... up to 30 s). Each rank sees the
             attempt number in ``HVDKERAS_ATTEMPT`` (1-based).
         prefix_output: Prefix each line with ``[rank]<stdout>: `` / ``<stderr>: ``.
-        min_np, max_np: Make the job elastic: after a failure it is relaunched
-            on the ranks available then, at least `min_np` and at most
-            `max_np` (default: `np` for both). Without a discovery script,
-            the slots of ranks that failed are left out. `max_restarts`
-            defaults to 3 for elastic jobs.
+        min_np: Make the job elastic: after a failure it is relaunched on
+            the ranks available then, at least `min_np` and at most `max_np`
+            (default: `np` for both). Without a discovery script, the slots
+            of ranks that failed are left out. `max_restarts` defaults to 3
+            for elastic jobs.
+        max_np: See `min_np`.
         host_discovery_script: An executable printing the available hosts,
             ``host:slots`` per line; run before the first attempt (when no
             hosts are given) and before every relaunch.

@@ -70,13 +70,19 @@ def DistributedGradientTape(gradtape: tf.GradientTape,
 
     Args:
         gradtape: The `tf.GradientTape` to convert.
-        compression, sparse_as_dense, op, gradient_predivide_factor,
-            num_groups, groups, process_set, scale_local_gradients: As in
-            `hvdkeras.DistributedOptimizer` (local sources are registered with
-            `tape.register_local_source(v)`).
+        compression: As in `hvdkeras.DistributedOptimizer`.
+        sparse_as_dense: As in `hvdkeras.DistributedOptimizer`.
+        op: As in `hvdkeras.DistributedOptimizer`.
+        gradient_predivide_factor: As in `hvdkeras.DistributedOptimizer`.
+        num_groups: As in `hvdkeras.DistributedOptimizer`.
+        groups: As in `hvdkeras.DistributedOptimizer`.
+        process_set: As in `hvdkeras.DistributedOptimizer`.
+        scale_local_gradients: As in `hvdkeras.DistributedOptimizer` (local
+            sources are registered with `tape.register_local_source(v)`).
         name: Prefix of the collective names (the same on every rank).
-        device_dense, device_sparse: Accepted for Horovod scripts and not
-            used: hvdkeras places its reductions itself.
+        device_dense: Accepted for Horovod scripts and not used: hvdkeras
+            places its reductions itself.
+        device_sparse: Likewise accepted and not used.
 
     Returns:
         The converted tape.

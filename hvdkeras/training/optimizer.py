@@ -197,9 +197,10 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
             one fused collective each (0: one collective for all).
         groups: Explicit groups as lists of variables (e.g. per layer); the
             variables not listed form one more group.
-        device_dense, device_sparse: Accepted for Horovod scripts and not
-            used: hvdkeras places its reductions itself (GPU tensors on the
-            GPU, others on the CPU).
+        device_dense: Accepted for Horovod scripts and not used: hvdkeras
+            places its reductions itself (GPU tensors on the GPU, others on
+            the CPU).
+        device_sparse: Likewise accepted and not used.
         process_set: Reduce over this `ProcessSet`'s ranks only (default:
             all ranks); Average divides by its size.
         scale_local_gradients: Divide the gradients of variables registered
