@@ -30,6 +30,8 @@ import tempfile
 import time
 from typing import Dict, List
 
+from hvdkeras.report.timeline_phases import union_ms
+
 HERE = os.path.abspath(__file__)
 
 
@@ -132,19 +134,6 @@ def raw_allreduce_ms(total_bytes: int, repeats: int = 10) -> float:
         MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times[2:])
-
-
-def union_ms(intervals: List[tuple]) -> float:
-    """Total length (ms) of a set of [start, end) intervals in microseconds."""
-    total, end = 0.0, None
-    for start, stop in sorted(intervals):
-        if end is None or start > end:
-            total += stop - start
-            end = stop
-        elif stop > end:
-            total += stop - end
-            end = stop
-    return total / 1000.0
 
 
 def timeline_breakdown(path: str) -> Dict[str, float]:
