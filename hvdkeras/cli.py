@@ -226,9 +226,10 @@ def _train(args: argparse.Namespace) -> int:
         code = _train_on_ray(args, os.path.abspath(path), env, summary_json, elastic)
     elif args.np == 1 and not args.hosts and not args.hostfile and not args.max_restarts \
             and not elastic:
+        os.environ.update(env)
+        _load_tensorflow()  # here, in this process: quietly (Note [quiet start-up])
         from hvdkeras.recipes.run import train  # lazy: imports TensorFlow
 
-        os.environ.update(env)
         code = train(recipe, summary_json)
     else:
         command = launching.rank_command(os.path.abspath(path), args.overrides, summary_json)
