@@ -74,6 +74,37 @@ def test_the_record_a_rank_writes_is_what_the_launcher_reads(tmp_path, monkeypat
     assert "ended the job (exit code 1)" in message and "ValueError: bad" in message
 
 
+DRAIN_CHILD = """
+import sys, time
+from hvdkeras.engine import failfast
+print("x" * 1000, flush=True)
+started = time.monotonic()
+drained = failfast.wait_for_readers(limit_s=float(sys.argv[1]))
+print("DRAINED" if drained else "NOT DRAINED", round(time.monotonic() - started, 2), flush=True)
+"""
+
+
+@pytest.mark.parametrize("reader_reads", [True, False])
+def test_a_failing_rank_waits_until_its_last_lines_were_read(reader_reads):
+    """Before the abort kills everything, the lines a failing rank printed
+    leave its output pipe (failfast.wait_for_readers), for as long as the
+    reader takes them, and no longer than the limit when it does not."""
+    proc = subprocess.Popen([sys.executable, "-c", DRAIN_CHILD, "0.5"], stdout=subprocess.PIPE,
+                            env=_child_env(None))
+    try:
+        if reader_reads:
+            out = proc.communicate(timeout=60)[0].decode()
+            assert "x" * 1000 in out and "\nDRAINED" in out, out
+        else:
+            time.sleep(3)  # the child's limit passes while its line sits in the pipe
+            out = proc.communicate(timeout=60)[0].decode()
+            assert "NOT DRAINED" in out, out
+            assert float(out.split()[-1]) < 1.5, out  # bounded
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_the_first_killed_supervisor_is_named():
     lost = [{"rank": "0", "pid": 11, "host": "h", "time": 5.2},
             {"rank": "1", "pid": 12, "host": "h", "time": 5.0}]

@@ -24,11 +24,15 @@ What may import this module: `hvdkeras.engine.world` and layers above it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import socket
+import stat
+import struct
 import sys
+import termios
 import time
 import traceback
 from types import TracebackType
@@ -40,6 +44,12 @@ from hvdkeras.engine.config import ABORT_ON_ERROR, parse_bool
 # format is Note [failure record] in hvdkeras/runner/rank_shim.py.
 FAILURE_RECORD_ENV = "HVDKERAS_FAILURE_RECORD"
 RECORD_LINES = 20
+
+# Before the abort: how long a failing rank waits, at most, for the readers of
+# its output pipes to take its last lines, and how long it then gives them to
+# pass the lines on.
+DRAIN_LIMIT_S = 2.0
+DRAIN_GRACE_S = 0.1
 
 # Exit codes the aborting rank reports: 130 is what a shell shows for Ctrl-C.
 EXCEPTION_EXIT_CODE = 1
@@ -160,4 +170,30 @@ def end_job(exit_code: int, reason: str, lines: Optional[list[str]] = None) -> N
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):
         pass
+    wait_for_readers()
     _abort(exit_code)
+
+
+def wait_for_readers(limit_s: float = DRAIN_LIMIT_S) -> bool:
+    """Waits, at most `limit_s`, until whoever reads this process's stdout and
+    stderr pipes (hvdkerasrun's rank shim, or mpiexec) has taken everything
+    written to them; returns whether it did. Streams that are not pipes
+    (a terminal, a file) need no wait.
+
+    The abort kills the readers together with this rank: without the wait,
+    the last lines a failing rank printed (often the ones saying why) could
+    be lost in a pipe on a busy machine.
+    """
+    deadline = time.monotonic() + limit_s
+    for fd in (1, 2):
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                continue
+            while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0] > 0:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+        except OSError:
+            continue
+    time.sleep(DRAIN_GRACE_S)  # the reader passes on what it took
+    return True
