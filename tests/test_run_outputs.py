@@ -45,6 +45,10 @@ def test_tensorboard_holds_hvdkeras_scalars_and_the_run_gets_a_report(tmp_path):
                             "engine.timeline=runs/digits/timeline.json",
                             summary=tmp_path / "summary.json", cwd=tmp_path, timeout=TIMEOUT)
     run = tmp_path / "runs" / "digits"
+    # Keras's epoch line keeps to the metrics; the figures go to the loggers.
+    epoch_lines = [line for line in result.stdout.splitlines() if "/step - " in line]
+    assert len(epoch_lines) == 3 and all("val_loss" in line for line in epoch_lines), epoch_lines
+    assert not any("hvdkeras_" in line for line in epoch_lines), epoch_lines
     # Rank 0 alone writes: one file per writer (train, validation).
     events = sorted(p.relative_to(run / "tensorboard").parent.as_posix()
                     for p in (run / "tensorboard").rglob("events.out.tfevents.*"))

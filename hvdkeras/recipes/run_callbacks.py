@@ -99,6 +99,10 @@ def make_callbacks(recipe: dict, rank: int, steps_per_epoch: int, total_batches:
         MetricAverageCallback(),
         LearningRateLogger(),
         throughput,
+        # Keras's own epoch line, placed here (Keras then adds no other) so
+        # that it shows the averaged metrics and the learning rate but not
+        # the figures below, which would double its length.
+        keras.callbacks.ProgbarLogger(),
         # After the metric average, before the loggers: rank 0's figures
         # reach the history, the CSV log and TensorBoard.
         EngineStatsCallback(global_batch),
