@@ -33,6 +33,7 @@ from hvdkeras.recipes import launching
 from hvdkeras.recipes.paths import run_dir_of
 from hvdkeras.recipes.yaml_source import SourceError, load_file
 from hvdkeras.report import ReportError, write_report
+from hvdkeras.report.run_data import SUMMARY_NAME
 from hvdkeras.runner import startup_noise
 from hvdkeras.runner.knobs import LOG_LEVELS
 
@@ -248,7 +249,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _report_run(run_dir: Optional[str]) -> None:
     """After a successful run: its report, or how to get one."""
-    if not run_dir or not os.path.isfile(os.path.join(run_dir, "run.json")):
+    if not run_dir or not os.path.isfile(os.path.join(run_dir, SUMMARY_NAME)):
         return
     try:
         print(f"hvdkeras: report: {write_report(run_dir)}")

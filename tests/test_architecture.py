@@ -32,10 +32,12 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.gpu": {"hvdkeras.engine"},
     "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat"},
     "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.collectives", "hvdkeras.gpu",
-                           "hvdkeras.engine", "hvdkeras.compat"},
+                           "hvdkeras.engine", "hvdkeras.compat",
+                           "hvdkeras.report.run_data"},  # the figures' key prefix
     "hvdkeras.runner": {"hvdkeras.engine.config", "hvdkeras.engine.failfast"},  # both stdlib-only
     "hvdkeras.recipes": {"hvdkeras.callbacks", "hvdkeras.training", "hvdkeras.collectives",
-                         "hvdkeras.gpu", "hvdkeras.engine", "hvdkeras.runner"},
+                         "hvdkeras.gpu", "hvdkeras.engine", "hvdkeras.runner",
+                         "hvdkeras.report.run_data"},  # run.json's name, the figures' prefix
     # The estimator's training function runs on the ranks: Keras training.
     "hvdkeras.spark": {"hvdkeras.cluster", "hvdkeras.runner", "hvdkeras.engine",
                        "hvdkeras.training", "hvdkeras.callbacks"},

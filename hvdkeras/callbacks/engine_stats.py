@@ -13,8 +13,7 @@ from typing import Optional
 import keras
 
 from hvdkeras.engine.stats import EngineStats, engine_stats
-
-PREFIX = "hvdkeras_"
+from hvdkeras.report.run_data import ENGINE_PREFIX
 
 
 def epoch_figures(spent: EngineStats, steps: int, seconds: float,
@@ -49,7 +48,7 @@ def epoch_figures(spent: EngineStats, steps: int, seconds: float,
     }
     if global_batch:
         figures["examples_per_second"] = global_batch * steps / seconds
-    return {PREFIX + k: round(v, 6) for k, v in figures.items()}
+    return {ENGINE_PREFIX + k: round(v, 6) for k, v in figures.items()}
 
 
 class EngineStatsCallback(keras.callbacks.Callback):

@@ -30,7 +30,6 @@ ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
 SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
 SHM_ARENA_BYTES = "HVDKERAS_SHM_ARENA_BYTES"
 HIERARCHICAL_ALLREDUCE = "HVDKERAS_HIERARCHICAL_ALLREDUCE"
-HIERARCHICAL_CHOICES = ("auto", "on", "off")
 # Set by the launcher: the number of ranks it started. init() compares it with
 # MPI's world size to catch an mpiexec of another MPI (N worlds of size 1).
 EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"

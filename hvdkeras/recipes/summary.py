@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any, Dict
 
+from hvdkeras.report.run_data import ENGINE_PREFIX
 
-ENGINE_PREFIX = "hvdkeras_"  # EngineStatsCallback's figures (hvdkeras/callbacks/engine_stats.py)
+
 
 
 def _metric_line(values: Dict[str, float]) -> str:

@@ -30,10 +30,9 @@ from hvdkeras.recipes.summary import format_summary
 from hvdkeras.training.checkpoint_naming import newest_first
 from hvdkeras.training.checkpoint_restore import TrainingPosition, restore_training_position
 from hvdkeras.training.lr_variable import set_learning_rate
+from hvdkeras.report.run_data import SUMMARY_NAME
 from hvdkeras.runner.task_files import write_atomic
 from hvdkeras.training.output import fit_verbose
-
-RUN_SUMMARY_NAME = "run.json"
 
 
 def agree_steps(local: int, name: str) -> int:
@@ -223,8 +222,8 @@ def run(recipe: dict, summary_json: Optional[str] = None) -> Dict[str, Any]:
         print(format_summary(summary), flush=True)
         text = json.dumps(summary, indent=2).encode()
         run_dir = run_dir_of(recipe)
-        # `hvdkeras report` reads it (hvdkeras/report/run_data.py).
-        targets = [os.path.join(run_dir, RUN_SUMMARY_NAME)] if run_dir else []
+        # `hvdkeras report` reads it.
+        targets = [os.path.join(run_dir, SUMMARY_NAME)] if run_dir else []
         for path in targets + ([summary_json] if summary_json else []):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             write_atomic(path, text)

@@ -16,8 +16,10 @@ import math
 from pathlib import Path
 from typing import Dict, List
 
-SUMMARY_NAME = "run.json"
-ENGINE_PREFIX = "hvdkeras_"  # EngineStatsCallback's figures
+SUMMARY_NAME = "run.json"  # written by rank 0 at the end of a recipe run (recipes/training.py)
+# The prefix of the figures EngineStatsCallback adds to the epoch logs
+# (hvdkeras/callbacks/engine_stats.py), which readers tell from metrics by it.
+ENGINE_PREFIX = "hvdkeras_"
 
 
 @dataclasses.dataclass

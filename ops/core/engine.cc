@@ -221,23 +221,21 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   const std::vector<Status> statuses = executor_.Execute(
       ready, config_.fusion_threshold, timeline_.active() ? &timeline_ : nullptr);
   if (!ready.empty()) {
-    int64_t reduced = 0;
+    int64_t bytes = 0, reduced = 0;
     for (const PendingOp* op : ready) {
+      const int64_t op_bytes = op->request.TotalBytes();
       const OpType type = op->request.op_type;
-      if (type == OpType::kAllreduce || type == OpType::kReducescatter) {
-        reduced += op->request.TotalBytes();
-      }
+      bytes += op_bytes;
+      if (type == OpType::kAllreduce || type == OpType::kReducescatter) reduced += op_bytes;
     }
     stat_ops_ += static_cast<int64_t>(ready.size());
     stat_batches_ = executor_.batches_run();
     stat_bytes_reduced_ += reduced;
     stat_execute_seconds_ = stat_execute_seconds_.load() +
                             std::chrono::duration<double>(Clock::now() - negotiated).count();
-  }
-  if (tuning_.measuring()) {
-    int64_t bytes = 0;
-    for (PendingOp* op : ready) bytes += op->request.TotalBytes();
-    tuning_.Record(bytes);
+    if (tuning_.measuring()) tuning_.Record(bytes);
+  } else if (tuning_.measuring()) {
+    tuning_.Record(0);
   }
   std::vector<std::pair<PendingOp*, Status>> results = std::move(agreement.failed);
   for (size_t i = 0; i < ready.size(); ++i) {

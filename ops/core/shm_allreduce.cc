@@ -30,13 +30,12 @@ Status ShmAllreduce::Open(MPI_Comm host, const MpiContext* cross, int slices,
   MPI_Comm_size(host, &size_);
   slices_ = std::clamp(slices, 1, size_);
   if (size_ < 2 && cross == nullptr) return Status::OK();
-  MPI_Comm comm = host;
   const int64_t piece_bytes = chunk_bytes > 0 ? chunk_bytes : int64_t{4} << 20;
   piece_bytes_ = std::max<int64_t>(piece_bytes, int64_t{64} << 10) / 64 * 64;
   char* base = nullptr;
   const MPI_Aint bytes = static_cast<MPI_Aint>(kControlBytes + 2 * piece_bytes_);
-  int ok = MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm, &base, &win_) == MPI_SUCCESS;
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  int ok = MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, host, &base, &win_) == MPI_SUCCESS;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, host);
   if (!ok) {
     if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
     win_ = MPI_WIN_NULL;
@@ -58,7 +57,7 @@ Status ShmAllreduce::Open(MPI_Comm host, const MpiContext* cross, int slices,
   __atomic_store_n(arrivals_[rank_], uint64_t{0}, __ATOMIC_RELEASE);
   epoch_ = 0;
   pieces_done_ = 0;
-  MPI_Barrier(comm);  // every counter is zero before anyone uses one
+  MPI_Barrier(host);  // every counter is zero before anyone uses one
   active_ = true;
   return Status::OK();
 }
