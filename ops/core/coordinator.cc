@@ -324,6 +324,46 @@ std::vector<Response> Coordinator::TakeReady() {
   return out;
 }
 
+std::string ExplainStall(const Stall& stall) {
+  std::ostringstream out;
+  std::vector<int> idle;
+  bool diverged = false;
+  for (size_t i = 0; i < stall.missing.size(); ++i) {
+    const std::vector<std::string> names =
+        i < stall.waiting_instead.size() ? stall.waiting_instead[i] : std::vector<std::string>{};
+    if (names.empty()) {
+      idle.push_back(stall.missing[i]);
+      continue;
+    }
+    diverged = true;
+    out << ". Meanwhile rank " << stall.missing[i] << " waits in ";
+    for (size_t k = 0; k < names.size(); ++k) out << (k ? ", " : "") << "'" << names[k] << "'";
+    out << " instead";
+  }
+  if (diverged) {
+    out << ": the ranks are running different collectives, so the program diverged (a rank "
+           "skipped, added or reordered a collective, or caught an error and went on)";
+  }
+  if (!idle.empty()) {
+    out << ". Rank(s) " << RankList(idle)
+        << " wait in no collective: they run their own code (a longer loop, a step only they "
+           "take), are stuck, or have finished";
+  }
+  return out.str();
+}
+
+std::vector<std::string> Coordinator::WaitingOn(int rank, const std::string& except) const {
+  constexpr size_t kMaxNames = 3;
+  std::vector<std::pair<SteadyClock::time_point, std::string>> found;
+  for (const auto& [name, entry] : table_) {
+    if (name != except && entry.seen[rank]) found.emplace_back(entry.submitted_at[rank], name);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> names;
+  for (size_t i = 0; i < found.size() && i < kMaxNames; ++i) names.push_back(found[i].second);
+  return names;
+}
+
 std::vector<Stall> Coordinator::FindStalls(SteadyClock::time_point now, double seconds,
                                            bool only_new) {
   std::vector<Stall> stalls;
@@ -339,6 +379,7 @@ std::vector<Stall> Coordinator::FindStalls(SteadyClock::time_point now, double s
         stall.submitted.push_back(r);
       } else if (!joined_[r]) {
         stall.missing.push_back(r);
+        stall.waiting_instead.push_back(WaitingOn(r, name));
       }
     }
     stalls.push_back(std::move(stall));
@@ -356,8 +397,9 @@ void Coordinator::FailStalled(SteadyClock::time_point now, double seconds) {
     message << "Collective '" << stall.name << "' stalled for " << stall.seconds
             << " s: rank(s) " << RankList(stall.missing) << " never submitted it (rank(s) "
             << RankList(stall.submitted)
-            << " did), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS. Check that every "
-               "rank runs the same collectives (e.g. the same number of steps).";
+            << " did), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS" << ExplainStall(stall)
+            << ". Check that every rank runs the same collectives (e.g. the same number of "
+               "steps).";
     response.error = message.str();
     ready_.push_back(std::move(response));
     table_.erase(stall.name);

@@ -22,7 +22,16 @@ struct Stall {
   double seconds = 0.0;
   std::vector<int> submitted;
   std::vector<int> missing;
+  // For each missing rank (same order), the names it waits in instead,
+  // oldest first (at most a few): what the coordinator has from that rank
+  // that the other ranks never matched.
+  std::vector<std::vector<std::string>> waiting_instead;
 };
+
+// What a stall means in words a user can act on: which collective each
+// missing rank waits in instead (the program diverged), or that it waits in
+// none (it runs its own code, hangs, or finished early). Starts with ". ".
+std::string ExplainStall(const Stall& stall);
 
 class Coordinator {
  public:
@@ -66,6 +75,8 @@ class Coordinator {
   };
 
   bool IsReady(const Entry& entry) const;
+  // The names `rank` has waiting here, other than `except`, oldest first.
+  std::vector<std::string> WaitingOn(int rank, const std::string& except) const;
   bool IsJoin(const Entry& entry) const;
   Response BuildResponse(const Entry& entry) const;
   void Join(int rank);

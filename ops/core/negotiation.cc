@@ -339,10 +339,9 @@ void Negotiator::InspectStalls(Clock::time_point now) {
       }
       std::fprintf(stderr,
                    "hvdkeras: WARNING: collective '%s' has waited %.1f s: rank(s) %s have not "
-                   "submitted it (rank(s) %s have). One rank may be running different "
-                   "collectives or fewer steps than the others.\n",
+                   "submitted it (rank(s) %s have)%s.\n",
                    stall.name.c_str(), stall.seconds, missing.str().c_str(),
-                   submitted.str().c_str());
+                   submitted.str().c_str(), ExplainStall(stall).c_str());
     }
   }
   if (stall_shutdown_seconds_ > 0) coordinator_->FailStalled(now, stall_shutdown_seconds_);

@@ -253,15 +253,20 @@ TEST(CoordinatorStalls) {
     CHECK_EQ(ready[0].kind, Response::Kind::kError);
     CHECK_EQ(ready[0].error,
              std::string("Collective 'x' stalled for 30 s: rank(s) 1 never submitted it (rank(s) "
-                         "0, 2 did), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS. Check "
-                         "that every rank runs the same collectives (e.g. the same number of "
-                         "steps)."));
+                         "0, 2 did), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS. Rank(s) "
+                         "1 wait in no collective: they run their own code (a longer loop, a "
+                         "step only they take), are stuck, or have finished. Check that every "
+                         "rank runs the same collectives (e.g. the same number of steps)."));
     CHECK_EQ(ready[1].kind, Response::Kind::kError);
     CHECK_EQ(ready[1].error,
              std::string("Collective 'y' stalled for 39 s: rank(s) 1, 2 never submitted it "
                          "(rank(s) 0 did), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS. "
-                         "Check that every rank runs the same collectives (e.g. the same number "
-                         "of steps)."));
+                         "Meanwhile rank 2 waits in 'x' instead: the ranks are running different "
+                         "collectives, so the program diverged (a rank skipped, added or "
+                         "reordered a collective, or caught an error and went on). Rank(s) 1 "
+                         "wait in no collective: they run their own code (a longer loop, a step "
+                         "only they take), are stuck, or have finished. Check that every rank "
+                         "runs the same collectives (e.g. the same number of steps)."));
   }
   // Names under the limit are left alone.
   c.Add(Allreduce("z", 0), kT0 + seconds(30));
@@ -286,6 +291,29 @@ TEST(CoordinatorStalls) {
   j.FailStalled(kT0 + seconds(120), 10.0);
   for (const Response& r : j.TakeReady()) CHECK(r.name != "hvdkeras.join");
   CHECK(j.any_joined());
+}
+
+TEST(CoordinatorStallSaysWhereMissingRanksWait) {
+  // Rank 0 skipped 'a' and went on to 'b'; rank 1 waits in 'a'. Each stall
+  // names the collective the other rank waits in instead.
+  hvdkeras::Coordinator c(2);
+  c.Add(Allreduce("a", 1), kT0);
+  c.Add(Allreduce("b", 0), kT0 + seconds(1));
+  c.Add(Allreduce("c", 0), kT0 + seconds(2));
+  std::vector<hvdkeras::Stall> stalls = c.FindStalls(kT0 + seconds(20), 10.0);
+  CHECK_EQ(stalls.size(), size_t{3});
+  for (const hvdkeras::Stall& stall : stalls) {
+    CHECK_EQ(stall.waiting_instead.size(), stall.missing.size());
+    if (stall.name == "a") {
+      CHECK_EQ(stall.waiting_instead[0], (std::vector<std::string>{"b", "c"}));
+      CHECK_EQ(hvdkeras::ExplainStall(stall),
+               std::string(". Meanwhile rank 0 waits in 'b', 'c' instead: the ranks are running "
+                           "different collectives, so the program diverged (a rank skipped, "
+                           "added or reordered a collective, or caught an error and went on)"));
+    } else {
+      CHECK_EQ(stall.waiting_instead[0], std::vector<std::string>{"a"});
+    }
+  }
 }
 
 TEST(CoordinatorIgnoresRanksOutsideTheWorld) {
