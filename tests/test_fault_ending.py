@@ -5,6 +5,9 @@
 * a rank that hangs inside a Keras callback ends the job once the stall
   shutdown fails the collective the other rank waits in (Note [hang bound]),
   naming the collective and the missing rank;
+* a rank whose process stops (SIGSTOP) ends the job once the other rank's
+  engine has waited the stall bound in one negotiation (Note [bounded
+  waits] in ops/core/watchdog.h), naming the rank that no longer answers;
 * a SIGKILLed rank ends the job, named, with nothing left;
 * SIGKILL to `hvdkerasrun` itself leaves no process behind (checked by a
   marker in the environment of everything it started);
@@ -236,6 +239,29 @@ def test_a_rank_that_hangs_in_a_callback_ends_the_job(marker):
     assert re.search(r"failed after .*: rank 1 on \S+ failed with an uncaught \w+Error", output), output
     assert re.search(r"Collective '[^']+' stalled for [\d.]+ s: rank\(s\) 0 never submitted it "
                      r"\(rank\(s\) 1 did\)", output), output
+    assert "UNREACHABLE" not in output
+    assert _wait_gone(marker, 5.0), _marked(marker)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_a_stopped_rank_ends_the_job(marker):
+    proc = _start(["-np", 2, "--stall-shutdown-seconds", STALL_SHUTDOWN_S, sys.executable, FAULTS,
+                   "stop"], marker)
+    output = _finish(proc, [])
+    ended = time.time()
+    assert proc.returncode != 0, output
+    stopped_at = float(re.search(r"STOPPING_AT (\d+\.\d+)", output).group(1))
+    assert ended - stopped_at < STALL_SHUTDOWN_S + ENDS_WITHIN_S, output
+    # Rank 0's engine waited in one negotiation past the bound; rank 1 did not answer.
+    assert re.search(r"rank 0's engine has stayed [\d.]+ s in one step, longer than "
+                     r"HVDKERAS_STALL_SHUTDOWN_SECONDS \(5.0 s\): global set: negotiating which "
+                     r"collectives are ready for [\d.]+ s; in flight here: 1 collective\(s\) "
+                     r"\('after'\)\. .* Rank\(s\) 1 did not answer\.", output), output
+    assert re.search(r"rank 1: no answer within [\d.]+ s \(its process is stopped or gone", output), output
+    # The launcher names the rank that ended the job and the one that went silent.
+    assert re.search(r"rank 0 on \S+ failed with a wait past HVDKERAS_STALL_SHUTDOWN_SECONDS "
+                     r"\(rank\(s\) 1 did not answer\)", output), output
     assert "UNREACHABLE" not in output
     assert _wait_gone(marker, 5.0), _marked(marker)
 

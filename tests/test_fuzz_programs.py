@@ -15,6 +15,9 @@ def test_a_seed_gives_the_same_program_on_every_rank():
     a = programs.make_program(17, 3)
     assert a == programs.make_program(17, 3)
     assert programs.from_spec(programs.spec(a), 3) == a
+    for seed in range(50):  # a random program and the same one named by its kind
+        p = programs.make_program(seed, 3)
+        assert programs.from_spec(programs.spec(p), 3) == p
     assert programs.make_program(18, 3) != a
 
 

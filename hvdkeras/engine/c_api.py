@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, Sequence
 
 ERROR_CAPACITY = 1024
+# Room for one rank's answer when ranks are asked what they are doing.
+ASK_CAPACITY_PER_RANK = 2048
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -63,6 +65,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                               ctypes.POINTER(ctypes.c_double), ctypes.c_char_p,
                                               ctypes.c_int]
     lib.hvdkeras_gpu_probe_copies.restype = ctypes.c_int
+    lib.hvdkeras_set_activity.argtypes = [ctypes.c_char_p]
+    lib.hvdkeras_set_activity.restype = None
+    lib.hvdkeras_ask_ranks.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int,
+                                       ctypes.c_double, ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_ask_ranks.restype = None
     return lib
 
 
@@ -125,6 +132,26 @@ def start_process_set(lib: ctypes.CDLL, set_id: int, fortran_comm: int, config: 
     if rc != 0:
         raise RuntimeError(f"hvdkeras process set {set_id} failed to start: "
                            f"{error.value.decode()}")
+
+
+def set_activity(lib: ctypes.CDLL, what: str) -> None:
+    """Tells the watchdog what this rank's Python thread is doing ("" : its own code)."""
+    lib.hvdkeras_set_activity(what.encode())
+
+
+def ask_ranks(lib: ctypes.CDLL, ranks: Sequence[int], wait_seconds: float) -> Dict[int, str]:
+    """What each of `ranks` says it is doing (see Note [bounded waits] in
+    ops/core/watchdog.h); waits at most `wait_seconds` for the answers."""
+    ranks = list(ranks)
+    array = (ctypes.c_int * max(len(ranks), 1))(*ranks)
+    out = ctypes.create_string_buffer(ASK_CAPACITY_PER_RANK * max(len(ranks), 1))
+    lib.hvdkeras_ask_ranks(array, len(ranks), wait_seconds, out, len(out))
+    answers = {}
+    for line in out.value.decode(errors="replace").splitlines():
+        rank, _, answer = line.partition("\t")
+        if rank.strip().lstrip("-").isdigit():
+            answers[int(rank)] = answer
+    return answers
 
 
 def build_flavor(lib: ctypes.CDLL) -> str:

@@ -4,12 +4,15 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/engine.h"
 #include "core/engine_settings.h"
+#include "core/watchdog.h"
 
 namespace {
 
@@ -53,6 +56,8 @@ int hvdkeras_engine_start(int fortran_comm, const char* settings, char* error,
   if (s.ok()) {
     MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
     s = hvdkeras::Engine::Instance().Start(comm, config);
+    // See Note [bounded waits] in watchdog.h.
+    if (s.ok()) s = hvdkeras::Watchdog::Instance().Start(comm, config.stall_shutdown_seconds);
   }
   if (!s.ok()) {
     CopyText(s.message, error, error_capacity);
@@ -75,7 +80,32 @@ const char* hvdkeras_vocabulary() {
   return text.c_str();
 }
 
-void hvdkeras_engine_stop() { hvdkeras::Engine::Instance().Stop(); }
+void hvdkeras_engine_stop() {
+  hvdkeras::Engine::Instance().Stop();
+  hvdkeras::Watchdog::Instance().Stop();
+}
+
+// What this process's framework thread is doing, for other ranks that ask
+// (Note [bounded waits] in watchdog.h); "" when it runs its own code.
+void hvdkeras_set_activity(const char* what) {
+  hvdkeras::Watchdog::Instance().SetActivity(what ? what : "");
+}
+
+// Asks ranks[0..count) what they are doing, waiting at most `wait_seconds`;
+// writes one "RANK<TAB>ANSWER" line per rank into `out`.
+void hvdkeras_ask_ranks(const int* ranks, int count, double wait_seconds, char* out,
+                        int capacity) {
+  std::vector<int> asked(ranks, ranks + std::max(count, 0));
+  std::string text;
+  for (const auto& [rank, answer] : hvdkeras::Watchdog::Instance().Ask(asked, wait_seconds)) {
+    std::string line = answer;
+    for (char& c : line) {
+      if (c == '\n') c = ' ';
+    }
+    text += std::to_string(rank) + "\t" + line + "\n";
+  }
+  CopyText(text, out, capacity);
+}
 
 // Starts process set `id` (> 0) on the communicator of its ranks, with the
 // same settings lines as hvdkeras_engine_start (see Note [process set

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/device.h"
+#include "core/watchdog.h"
 
 namespace hvdkeras {
 
@@ -66,7 +67,7 @@ Status Engine::StartSet(int id, MPI_Comm comm, const EngineConfig& config) {
       return Status::Error(StatusCode::kPreconditionError,
                            "process set " + std::to_string(id) + " is already running");
     }
-    engine = new Engine();  // kept for good, see the note
+    engine = new Engine("process set " + std::to_string(id));  // kept for good, see the note
   }
   EngineConfig set_config = config;
   set_config.timeline_path.clear();  // the global set alone traces and tunes
@@ -116,6 +117,8 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   tuning_.Start(mpi_.rank(), config);
   shutdown_agreed_ = false;
   queue_.Open(mpi_.rank(), config.timeline_path, config.timeline_mark_cycles);
+  activity_.Leave();
+  Watchdog::Instance().Watch(&activity_);
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
 }
@@ -138,7 +141,9 @@ void Engine::Loop() {
       "hvdkeras was shut down (a rank called hvdkeras.shutdown() or exited) before this "
       "collective completed.");
   timeline_.Close();
+  activity_.Enter(EngineActivity::Phase::kClosing);
   executor_.Close(/*collective=*/shutdown_agreed_);
+  activity_.Leave();
   mpi_.Close();
 }
 
@@ -194,6 +199,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
 
   const CycleSignals signals{stop, timeline_.active(), tuning_.has_news()};
   const bool waiting = !pending_.empty();
+  activity_.Enter(EngineActivity::Phase::kNegotiating);
   Agreement agreement = negotiator_.Negotiate(pending_, signals, now);
   const auto negotiated = Clock::now();
   if (waiting) {
@@ -201,10 +207,12 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
                          std::chrono::duration<double>(negotiated - now).count();
   }
   if (!agreement.error.ok()) {
+    activity_.Leave();
     FailEverything("hvdkeras negotiation failed: " + agreement.error.message);
     return false;
   }
   if (agreement.shutdown) {
+    activity_.Leave();
     shutdown_agreed_ = true;  // every rank leaves its loop here, together
     return false;
   }
@@ -217,6 +225,10 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
     names.reserve(ready.size());
     for (const PendingOp* op : ready) names.push_back(op->request.name);
     bursts_.Remember(names);
+    const std::string what =
+        "'" + names[0] + "'" +
+        (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+    activity_.Enter(EngineActivity::Phase::kExecuting, &what);
   }
   const std::vector<Status> statuses = executor_.Execute(
       ready, config_.fusion_threshold, timeline_.active() ? &timeline_ : nullptr);
@@ -243,7 +255,9 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   }
   negotiator_.ClearStandIns();
   if (!results.empty() || !ready.empty()) *progress = true;
+  activity_.Enter(EngineActivity::Phase::kCompleting);
   Finish(std::move(results));
+  activity_.Leave();
   if (timeline_.active()) timeline_.Flush();
   return true;
 }

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/engine_activity.h"
 #include "core/engine_settings.h"
 #include "core/executor.h"
 #include "core/mpi_context.h"
@@ -42,6 +43,10 @@ namespace hvdkeras {
 
 class Engine {
  public:
+  explicit Engine(std::string label = "global set") : activity_(std::move(label)) {
+    activity_.SetWaitingSource([this] { return queue_.DescribeInFlight(); });
+  }
+
   // The global set's engine.
   static Engine& Instance();
   // The engine of process set `id` on this rank; null when this rank is not
@@ -124,6 +129,9 @@ class Engine {
   Timeline timeline_;
   BurstMemory bursts_;
   bool shutdown_agreed_ = false;  // the loop ended by a shutdown all ranks saw
+  // What this thread is inside, for the watchdog (Note [bounded waits] in
+  // watchdog.h); and how many ops were waiting when it was last told.
+  EngineActivity activity_;
 
   // Published for CurrentParams().
   std::atomic<int64_t> current_threshold_{0};

@@ -89,6 +89,22 @@ void SubmissionQueue::Release(const std::vector<PendingOp*>& finished) {
   for (PendingOp* op : finished) in_flight_.erase(op->request.name);
 }
 
+std::string SubmissionQueue::DescribeInFlight() {
+  constexpr size_t kNamesShown = 3;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_.empty()) return "";
+  std::string text = std::to_string(in_flight_.size()) + " collective(s) (";
+  size_t shown = 0;
+  for (const std::string& name : in_flight_) {
+    if (shown == kNamesShown) {
+      text += ", ...";
+      break;
+    }
+    text += (shown++ ? ", '" : "'") + name + "'";
+  }
+  return text + ")";
+}
+
 std::vector<std::unique_ptr<PendingOp>> SubmissionQueue::Close() {
   std::lock_guard<std::mutex> lock(mu_);
   state_ = State::kStopped;

@@ -43,6 +43,9 @@ class SubmissionQueue {
   Taken Take(bool may_wait, double wait_ms);
   // The names of these finished ops may be submitted again.
   void Release(const std::vector<PendingOp*>& finished);
+  // Any thread: how many collectives are in flight and a few of their names,
+  // e.g. "2 collective(s) ('a', 'b')"; "" when none.
+  std::string DescribeInFlight();
   // Refuses submissions from now on; returns the ops never taken.
   std::vector<std::unique_ptr<PendingOp>> Close();
 

@@ -102,8 +102,11 @@ def make_program(seed: int, size: int, divergence: Optional[str] = "random",
     rng = random.Random(seed * 7919 + size)
     count = steps or rng.randint(3, 6)
     program_steps = tuple(_random_step(rng, i, size) for i in range(count))
+    # Drawn whatever `divergence` says, so that a program named by its
+    # divergence (spec/from_spec) is the same program as the random one.
+    drawn = None if rng.random() < 0.125 else rng.choice(DIVERGENCES)
     if divergence == "random":
-        divergence = None if rng.random() < 0.125 else rng.choice(DIVERGENCES)
+        divergence = drawn
     if divergence is None:
         return Program(seed, size, program_steps, None, (), -1)
     many = rng.random() < 0.25 and size > 2

@@ -4,6 +4,7 @@ raise:  rank 1 raises right after init() while rank 0 computes outside any
         collective (sleeps 300 s).
 hang:   rank 0 hangs forever inside a Keras callback while rank 1 waits in
         the next step's gradient allreduce.
+stop:   rank 1 stops itself (SIGSTOP) while rank 0 waits in an allreduce.
 wait:   both ranks print READY and sleep (the test kills something).
 Every rank prints "<PHASE> <rank> <pid> <time>" lines the test reads.
 """
@@ -40,6 +41,17 @@ elif mode == "hang":
     model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), HangOnRank0()])
     print("UNREACHABLE: fit returned", flush=True)
+elif mode == "stop":
+    import signal
+
+    import tensorflow as tf
+
+    hvd.allreduce(tf.constant(1.0), name="before")
+    if rank == 1:
+        print(f"STOPPING_AT {time.time():.3f}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    hvd.allreduce(tf.constant(1.0), name="after")
+    print("UNREACHABLE: the allreduce returned", flush=True)
 elif mode == "wait":
     time.sleep(300)
     print("UNREACHABLE: the wait ended", flush=True)
