@@ -189,21 +189,37 @@ def set_ranks(size: int) -> Tuple[int, ...]:
     return tuple(range(size - 1))
 
 
+def _sequence(program: Program, rank: int, on_set: bool) -> List[str]:
+    """The names of the collectives `rank` runs on the global set or the process set."""
+    names = []
+    for action in actions_for(program, rank, sleep_seconds=0.0):
+        if action.what != "run":
+            continue
+        in_set = (action.kind or action.step.kind) == "set_allreduce"
+        if in_set == on_set and (not in_set or rank in set_ranks(program.size)):
+            names.append(action.step.name(program.seed) + action.name_suffix)
+    return names
+
+
 def must_fail(program: Program) -> bool:
     """Whether some rank must see an error: the ranks cannot all succeed.
 
-    A divergence in a process-set step changes nothing when no diverging
-    rank is a member of the set (non-members never run those steps).
+    The members of each communicator (all ranks; the process set's) must run
+    the same collectives in the same order, or some rank waits in one the
+    others never run; a sleeping rank makes the others wait past the bound
+    if a later step needs it.
     """
     if program.divergence not in MUST_FAIL:
         return False
-    affected = [program.steps[program.at]]
-    if program.divergence == "reorder":
-        affected.append(program.steps[program.at + 1])
-    members = set(set_ranks(program.size))
-    if any(s.kind != "set_allreduce" for s in affected):
-        return True
-    return any(r in members for r in program.ranks)
+    if program.divergence == "sleep":
+        members = set(set_ranks(program.size))
+        return any(s.kind != "set_allreduce" or any(r in members for r in program.ranks)
+                   for s in program.steps[program.at:])
+    for on_set, ranks in ((False, range(program.size)), (True, set_ranks(program.size))):
+        sequences = {tuple(_sequence(program, r, on_set)) for r in ranks}
+        if len(sequences) > 1:
+            return True
+    return False
 
 
 def batches(programs: Sequence[Program], per_batch: int) -> List[List[Program]]:
