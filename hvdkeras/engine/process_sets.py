@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from hvdkeras.engine import c_api
+from hvdkeras.engine import agreement, c_api
 
 
 class ProcessSet:
@@ -222,9 +222,15 @@ def _check_ranks(state: _State, ranks: Sequence[int]) -> None:
                          f"0..{state.size - 1}.")
 
 
+def _meet(state: _State, what: str, value: Any) -> List[Any]:
+    """Every rank's `value` (bounded; see `hvdkeras.engine.agreement`)."""
+    return agreement.meet_with_engine(state.control, state.lib,
+                                      state.config.stall_shutdown_seconds, what, value)
+
+
 def _agree(state: _State, ranks: Tuple[int, ...]) -> None:
     """Checks that every rank asked for the same set (collective over all ranks)."""
-    asked = state.control.allgather(ranks)
+    asked = _meet(state, "hvdkeras.add_process_set()", ranks)
     if any(a != asked[0] for a in asked):
         listing = "; ".join(f"rank {r}: {list(a)}" for r, a in enumerate(asked))
         raise ValueError("add_process_set must be called by every rank with the same ranks, "
@@ -316,7 +322,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     """
     state = _require()
     set_id = process_set.process_set_id
-    asked = state.control.allgather(set_id)
+    asked = _meet(state, "hvdkeras.remove_process_set()", set_id)
     if any(a != asked[0] for a in asked):
         raise ValueError("remove_process_set must be called by every rank with the same "
                          f"set; the ranks gave ids {asked}.")
@@ -355,7 +361,8 @@ def register_at_init(process_sets: Union[str, Sequence[ProcessSet], None]) -> No
         # communicator's ranks, so gather them all and register each
         # distinct set once, in a fixed order.
         mine = _comm_ranks(ps.mpi_comm, state.control)
-        distinct = sorted({r for r in state.control.allgather(mine) if r is not None})
+        distinct = sorted({r for r in _meet(state, "hvdkeras.init(process_sets=...)", mine)
+                           if r is not None})
         for ranks in distinct:
             if ranks not in [e.ranks for e in state.sets.values()]:
                 add_process_set(ProcessSet(list(ranks)))

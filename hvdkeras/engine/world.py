@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Any, Optional
 
-from hvdkeras.engine import c_api, failfast, library, process_sets as process_set_registry
+from hvdkeras.engine import agreement, c_api, failfast, library
+from hvdkeras.engine import process_sets as process_set_registry
 from hvdkeras.engine import tf_threads
 from hvdkeras.engine.config import (EXPECTED_SIZE, EngineConfig, engine_config_from_env,
                                     ignored_horovod_aliases)
@@ -32,6 +33,7 @@ def thread_level_name(level: int) -> str:
 @dataclasses.dataclass
 class _World:
     comm: Any  # the engine's private duplicate of the user's communicator
+    control_comm: Any  # hvdkeras's own Python-side calls (process sets, meetings)
     local_comm: Any
     cross_comm: Any
     rank: int
@@ -135,6 +137,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             "Do not lower mpi4py.rc.thread_level."
         )
     lib = library.handle()
+    # Every rank must be here before the collective calls below (Note
+    # [bounded waits] in ops/core/watchdog.h); no engine runs yet to ask.
+    agreement.meet(comm, "hvdkeras.init()", timeout_s=config.stall_shutdown_seconds,
+                   say=lambda text: c_api.set_activity(lib, text))
     engine_comm = comm.Dup()
     control_comm = comm.Dup()  # process set bookkeeping, never used by the engine thread
     local_comm = engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.Get_rank())
@@ -148,7 +154,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             c.Free()
         raise
     _world = _World(
-        comm=engine_comm, local_comm=local_comm, cross_comm=cross_comm,
+        comm=engine_comm, control_comm=control_comm, local_comm=local_comm, cross_comm=cross_comm,
         rank=engine_comm.Get_rank(), size=engine_comm.Get_size(),
         local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
         cross_rank=cross_comm.Get_rank(), cross_size=cross_comm.Get_size(),
@@ -226,6 +232,17 @@ def shutdown() -> None:
     library.handle().hvdkeras_engine_stop()
     for c in (world.cross_comm, world.local_comm, world.comm):
         c.Free()
+
+
+def meet(what: str, value: Any = None) -> list:
+    """Every rank's `value`, once all ranks called `meet` for `what`.
+
+    Bounded by HVDKERAS_STALL_SHUTDOWN_SECONDS; raises on every rank that
+    waited when some rank is elsewhere (see `hvdkeras.engine.agreement`).
+    """
+    w = require()
+    return agreement.meet_with_engine(w.control_comm, library.handle(),
+                                      w.config.stall_shutdown_seconds, what, value)
 
 
 def is_initialized() -> bool:

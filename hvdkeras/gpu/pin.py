@@ -49,6 +49,8 @@ def pin_gpu() -> Any:
     w = world.require()
     gpus = tf.config.list_physical_devices("GPU")  # sets up no GPU yet
     setting = os.environ.get("CUDA_VISIBLE_DEVICES")
+    # Every rank must be here before the host-wide gathers below (bounded).
+    world.meet("hvdkeras.pin_gpu()")
     host = w.local_comm.allgather((setting, len(gpus)))
     settings = [s for s, _ in host]
     problem = None

@@ -146,6 +146,8 @@ class Runner:
         if kind == "set_allreduce" and self.rank not in members:
             record["skipped"] = "not a member"
             return record
+        if action.what == "raise":
+            raise RaisedOnPurpose(f"raised on purpose before {name}")
         if kind in programs.EAGER_KINDS:
             got, expected = self.run_eager_kind(kind, step, name)
             if action.checked and got != expected:
@@ -153,8 +155,6 @@ class Runner:
             return record
         dtype = action.dtype or step.dtype
         inputs, call, expected = self.build(kind, step, name, dtype, step.cols + action.extra_cols)
-        if action.what == "raise":
-            raise RaisedOnPurpose(f"raised on purpose before {name}")
         got = self.run_tensors(step.mode, inputs, call)
         if action.checked:
             for g, e in zip(got, expected):
