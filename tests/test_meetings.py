@@ -1,11 +1,13 @@
-"""Python's own agreements between ranks are bounded (hvdkeras/engine/agreement.py).
+"""Python's own agreements between ranks, and join(), are bounded.
 
 The messages are pure functions, tested first; then real 3-rank jobs
 (tests/scripts/meeting_job.py) where a rank never arrives in init() or
 add_process_set(), or the ranks make different set-up calls. The ranks
 that wait must raise within the stall bound (plus start-up slack), naming
 the ranks that did and did not arrive and, once the engine runs, what the
-missing rank says it is doing; ranks in different calls fail at once.
+missing rank says it is doing; ranks in different calls fail at once. A
+join() whose missing rank runs nothing fails the same way
+(hvdkeras/engine/agreement.py; Note [bounded waits] in ops/core/watchdog.h).
 """
 
 from __future__ import annotations
@@ -107,3 +109,16 @@ def test_ranks_in_different_calls_fail_at_once():
                      r"hvdkeras.remove_process_set\(\)", results[0]["error"]), results
     assert re.search(r"rank 1 is in hvdkeras.remove_process_set\(\), but rank 0 is in "
                      r"hvdkeras.add_process_set\(\)", results[1]["error"]), results
+
+
+@pytest.mark.usefixtures("op_library_built")
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_join_whose_missing_rank_went_quiet():
+    results = run("no_join")
+    for r in (0, 1):
+        error = results[r].get("error", "")
+        assert re.search(r"join\(\) waited [\d.]+ s for rank\(s\) 2, which neither joined nor "
+                         r"submitted any collective for as long \(rank\(s\) 0, 1 joined\)",
+                         error), results
+        assert BOUND_S <= results[r]["seconds"] <= BOUND_S + SLACK_S, results

@@ -201,7 +201,8 @@ std::string ValidateRequests(const std::vector<Request>& submitted, int world_si
   return "";
 }
 
-Coordinator::Coordinator(int size) : size_(size), joined_(size, false) {}
+Coordinator::Coordinator(int size)
+    : size_(size), last_request_(size, SteadyClock::now()), joined_(size, false) {}
 
 bool Coordinator::IsReady(const Entry& entry) const {
   for (int r = 0; r < size_; ++r) {
@@ -259,6 +260,7 @@ void Coordinator::Add(const Request& request, SteadyClock::time_point now) {
                 std::chrono::duration<double>(request.age_seconds));
   entry.first_seen = std::min(entry.first_seen, submitted_at);
   entry.submitted_at[request.rank] = submitted_at;
+  last_request_[request.rank] = std::max(last_request_[request.rank], now);
   if (!entry.seen[request.rank]) ++entry.received;
   entry.seen[request.rank] = true;
   entry.by_rank[request.rank] = request;
@@ -369,7 +371,19 @@ std::vector<Stall> Coordinator::FindStalls(SteadyClock::time_point now, double s
   std::vector<Stall> stalls;
   for (auto& [name, entry] : table_) {
     const double waited = std::chrono::duration<double>(now - entry.first_seen).count();
-    if (waited < seconds || (only_new && entry.warned) || IsJoin(entry)) continue;
+    if (waited < seconds || (only_new && entry.warned)) continue;
+    if (IsJoin(entry)) {
+      // Waiting in join() for slower ranks is its point; it stalls only
+      // when the ranks still missing have gone quiet as well.
+      bool quiet = true;
+      for (int r = 0; r < size_; ++r) {
+        if (!joined_[r] && now - last_request_[r] < std::chrono::duration_cast<
+                               SteadyClock::duration>(std::chrono::duration<double>(seconds))) {
+          quiet = false;
+        }
+      }
+      if (!quiet) continue;
+    }
     entry.warned = true;
     Stall stall;
     stall.name = name;
@@ -394,6 +408,21 @@ void Coordinator::FailStalled(SteadyClock::time_point now, double seconds) {
     response.name = stall.name;
     std::ostringstream message;
     message.precision(3);
+    if (IsJoin(table_[stall.name])) {
+      message << "join() waited " << stall.seconds << " s for rank(s) " << RankList(stall.missing)
+              << ", which neither joined nor submitted any collective for as long (rank(s) "
+              << RankList(stall.submitted)
+              << " joined), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS"
+              << ExplainStall(stall)
+              << ". Every rank must call join() once it has no more collectives to run.";
+      response.error = message.str();
+      ready_.push_back(std::move(response));
+      table_.erase(stall.name);
+      joined_.assign(size_, false);  // the ranks that joined are ranks again
+      joined_count_ = 0;
+      join_order_.clear();
+      continue;
+    }
     message << "Collective '" << stall.name << "' stalled for " << stall.seconds
             << " s: rank(s) " << RankList(stall.missing) << " never submitted it (rank(s) "
             << RankList(stall.submitted)

@@ -55,7 +55,8 @@ class Coordinator {
 
   // Names waiting longer than `seconds` for some rank. Each name is
   // reported once per call that finds it over the limit and not reported
-  // before (set `only_new` to false to report all).
+  // before (set `only_new` to false to report all). A join counts only once
+  // the ranks that have not joined have also sent nothing for `seconds`.
   std::vector<Stall> FindStalls(SteadyClock::time_point now, double seconds, bool only_new = true);
 
   // Turns every name waiting longer than `seconds` into an error response
@@ -84,6 +85,9 @@ class Coordinator {
 
   int size_;
   std::map<std::string, Entry> table_;
+  // When each rank last sent a request, or when this coordinator started (a
+  // join waits only while the ranks that have not joined keep submitting).
+  std::vector<SteadyClock::time_point> last_request_;
   void Complete(const std::string& name);
 
   std::vector<Response> ready_;

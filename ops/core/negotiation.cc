@@ -236,6 +236,7 @@ void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
     PendingOp* op = pending.Find(response.name);
     if (response.kind == Response::Kind::kError) {
       if (op) {
+        if (op->request.op_type == OpType::kJoin) joined_ = false;  // its join failed
         agreement->failed.emplace_back(
             op, Status::Error(StatusCode::kPreconditionError, response.error));
       }

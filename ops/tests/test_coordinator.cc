@@ -316,6 +316,37 @@ TEST(CoordinatorStallSaysWhereMissingRanksWait) {
   }
 }
 
+TEST(CoordinatorEndsAJoinOnlyWhenTheOthersGoQuiet) {
+  hvdkeras::Coordinator c(3);
+  const auto start = hvdkeras::SteadyClock::now();
+  c.Add(Join(0), start);
+  c.Add(Join(1), start);
+  // Rank 2 keeps running collectives (with stand-ins for the joined ranks):
+  // the join waits as long as it takes.
+  for (int s = 5; s <= 60; s += 5) {
+    c.Add(Allreduce("step" + std::to_string(s), 2), start + seconds(s));
+    c.TakeReady();
+    c.FailStalled(start + seconds(s + 1), 10.0);
+    CHECK(c.TakeReady().empty());
+  }
+  // Then it goes quiet without joining: after the bound, the join fails.
+  c.FailStalled(start + seconds(65), 10.0);
+  CHECK(c.TakeReady().empty());
+  c.FailStalled(start + seconds(71), 10.0);
+  std::vector<Response> ready = c.TakeReady();
+  CHECK_EQ(ready.size(), size_t{1});
+  if (ready.size() == 1) {
+    CHECK_EQ(ready[0].kind, Response::Kind::kError);
+    CHECK_EQ(ready[0].error.substr(0, 86),
+             std::string("join() waited 71 s for rank(s) 2, which neither joined nor submitted "
+                         "any collective fo"));
+  }
+  // The joined ranks are ranks again: a new collective waits for all three.
+  CHECK(!c.any_joined());
+  c.Add(Allreduce("after", 0), start + seconds(72));
+  CHECK(c.TakeReady().empty());
+}
+
 TEST(CoordinatorIgnoresRanksOutsideTheWorld) {
   hvdkeras::Coordinator c(2);
   c.Add(Allreduce("x", 5), kT0);

@@ -8,6 +8,8 @@ skip_add:    the last rank never calls add_process_set(); the others' call
              must fail within the bound, naming it and what it says it does.
 different:   rank 0 calls add_process_set() while the others call
              remove_process_set(): every rank fails at once, naming both.
+no_join:     the last rank never calls join() and runs no collective; the
+             others' join() must fail within the bound, naming it.
 Each rank prints one line: RESULT <json> with its error and the seconds taken.
 """
 import json
@@ -36,6 +38,11 @@ try:
                 time.sleep(float(sys.argv[2]))
             else:
                 hvd.add_process_set([0, 1])
+        elif mode == "no_join":
+            if last:
+                time.sleep(float(sys.argv[2]))
+            else:
+                hvd.join()
         elif mode == "different":
             if rank == 0:
                 hvd.add_process_set([0, 1])
