@@ -366,24 +366,33 @@ std::vector<std::string> Coordinator::WaitingOn(int rank, const std::string& exc
   return names;
 }
 
+bool Coordinator::Stalled(const Entry& entry, SteadyClock::time_point now,
+                          double seconds) const {
+  const auto limit = std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::duration<double>(seconds));
+  if (now - entry.first_seen < limit) return false;
+  if (!IsJoin(entry)) return true;
+  // Waiting in join() for slower ranks is its point; it stalls only when
+  // the ranks still missing have gone quiet as well.
+  for (int r = 0; r < size_; ++r) {
+    if (!joined_[r] && now - last_request_[r] < limit) return false;
+  }
+  return true;
+}
+
+bool Coordinator::AnyStalled(SteadyClock::time_point now, double seconds) const {
+  for (const auto& [name, entry] : table_) {
+    if (Stalled(entry, now, seconds)) return true;
+  }
+  return false;
+}
+
 std::vector<Stall> Coordinator::FindStalls(SteadyClock::time_point now, double seconds,
                                            bool only_new) {
   std::vector<Stall> stalls;
   for (auto& [name, entry] : table_) {
+    if (!Stalled(entry, now, seconds) || (only_new && entry.warned)) continue;
     const double waited = std::chrono::duration<double>(now - entry.first_seen).count();
-    if (waited < seconds || (only_new && entry.warned)) continue;
-    if (IsJoin(entry)) {
-      // Waiting in join() for slower ranks is its point; it stalls only
-      // when the ranks still missing have gone quiet as well.
-      bool quiet = true;
-      for (int r = 0; r < size_; ++r) {
-        if (!joined_[r] && now - last_request_[r] < std::chrono::duration_cast<
-                               SteadyClock::duration>(std::chrono::duration<double>(seconds))) {
-          quiet = false;
-        }
-      }
-      if (!quiet) continue;
-    }
     entry.warned = true;
     Stall stall;
     stall.name = name;

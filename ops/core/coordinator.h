@@ -59,9 +59,13 @@ class Coordinator {
   // the ranks that have not joined have also sent nothing for `seconds`.
   std::vector<Stall> FindStalls(SteadyClock::time_point now, double seconds, bool only_new = true);
 
+  // Whether FailStalled(now, seconds) would fail something.
+  bool AnyStalled(SteadyClock::time_point now, double seconds) const;
+
   // Turns every name waiting longer than `seconds` into an error response
   // (queued like a ready one), so the ranks that submitted it fail instead of
-  // waiting forever.
+  // waiting forever. Call it after adding the cycle's requests (Note
+  // [stall shutdown after the cycle's requests] in negotiation.cc).
   void FailStalled(SteadyClock::time_point now, double seconds);
 
  private:
@@ -76,6 +80,7 @@ class Coordinator {
   };
 
   bool IsReady(const Entry& entry) const;
+  bool Stalled(const Entry& entry, SteadyClock::time_point now, double seconds) const;
   // The names `rank` has waiting here, other than `except`, oldest first.
   std::vector<std::string> WaitingOn(int rank, const std::string& except) const;
   bool IsJoin(const Entry& entry) const;

@@ -66,6 +66,7 @@ void Negotiator::Reset(const MpiContext* mpi, const EngineConfig& config) {
   invalid_slots_.clear();
   stand_ins_.clear();
   joined_ = false;
+  stall_due_ = false;
   last_stall_check_ = Clock::now();
 }
 
@@ -86,7 +87,7 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
   if (signals.shutdown) bits[0] &= ~kNoShutdownRequest;
   if (joined_) bits[0] &= ~kNoJoinedRank;
   if (signals.tracing) bits[0] &= ~kNoTimeline;
-  if (coordinator_ && coordinator_->has_ready()) bits[0] &= ~kNoCoordinatorNews;
+  if (coordinator_ && (coordinator_->has_ready() || stall_due_)) bits[0] &= ~kNoCoordinatorNews;
   if (signals.params_changed) bits[0] &= ~kNoParamUpdate;
   for (size_t w = 0; w < words; ++w) bits[valid + w] = ~uint64_t{0};
   for (const auto& op : pending.all()) {
@@ -223,6 +224,16 @@ void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
       DecodeRequests(gathered.data() + displs[r], counts[r], &requests);
       for (const Request& q : requests) coordinator_->Add(q, now);
     }
+    // Note [stall shutdown after the cycle's requests]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // Stalled names fail only after this cycle's requests were added. Failed
+    // earlier, a request for the same name arriving in this cycle would open
+    // a new entry while the error fails that rank's op too; the entry would
+    // outlive its op, and the next time another rank submits the name the
+    // coordinator would call it ready on a rank that no longer has it: one
+    // rank inside the collective's MPI calls, the other never coming.
+    if (stall_due_) coordinator_->FailStalled(now, stall_shutdown_seconds_);
+    stall_due_ = false;
     reply = EncodeResponses(coordinator_->TakeReady());
   }
   int reply_bytes = static_cast<int>(reply.size());
@@ -345,7 +356,11 @@ void Negotiator::InspectStalls(Clock::time_point now) {
                    submitted.str().c_str(), ExplainStall(stall).c_str());
     }
   }
-  if (stall_shutdown_seconds_ > 0) coordinator_->FailStalled(now, stall_shutdown_seconds_);
+  // Failed in the next slow path, after its requests (Note [stall shutdown
+  // after the cycle's requests]).
+  if (stall_shutdown_seconds_ > 0 && coordinator_->AnyStalled(now, stall_shutdown_seconds_)) {
+    stall_due_ = true;
+  }
 }
 
 }  // namespace hvdkeras

@@ -80,6 +80,7 @@ class Negotiator {
   std::vector<uint64_t> invalid_slots_;       // this cycle's local invalidations
   std::vector<std::unique_ptr<PendingOp>> stand_ins_;  // a joined rank's neutral ops
   bool joined_ = false;                                // this rank called join()
+  bool stall_due_ = false;  // rank 0: some name is past the stall shutdown bound
   Clock::time_point last_stall_check_;
 };
 

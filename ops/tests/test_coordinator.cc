@@ -347,6 +347,22 @@ TEST(CoordinatorEndsAJoinOnlyWhenTheOthersGoQuiet) {
   CHECK(c.TakeReady().empty());
 }
 
+TEST(CoordinatorStallShutdownAfterTheCycleRequests) {
+  // See Note [stall shutdown after the cycle's requests]: rank 1's request
+  // arrives in the cycle whose slow path fails stalled names. Added first,
+  // it completes the name instead of being failed with it.
+  hvdkeras::Coordinator c(2);
+  c.Add(Allreduce("x", 0), kT0);
+  CHECK(c.AnyStalled(kT0 + seconds(31), 30.0));
+  c.Add(Allreduce("x", 1), kT0 + seconds(31));
+  c.FailStalled(kT0 + seconds(31), 30.0);
+  std::vector<Response> ready = c.TakeReady();
+  CHECK_EQ(ready.size(), size_t{1});
+  if (ready.size() == 1) CHECK_EQ(ready[0].kind, Response::Kind::kOk);
+  CHECK_EQ(c.pending_count(), size_t{0});
+  CHECK(!c.AnyStalled(kT0 + seconds(60), 30.0));
+}
+
 TEST(CoordinatorIgnoresRanksOutsideTheWorld) {
   hvdkeras::Coordinator c(2);
   c.Add(Allreduce("x", 5), kT0);
