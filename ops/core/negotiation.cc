@@ -145,6 +145,7 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
   if (!(bits[0] & kNoUnsentRequests) || !(bits[0] & kNoCoordinatorNews) || any_invalidated ||
       joined_anywhere) {
     SlowPath(pending, joined_anywhere, &agreement);
+    if (!agreement.error.ok()) return agreement;
   }
 
   // See Note [identical response caches]: touch what hit, then add what the
@@ -255,7 +256,17 @@ void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
     }
     if (response.agreed.op_type == OpType::kJoin) joined_ = false;
     if (!op && joined_anywhere) op = StandIn(response);
-    if (!op) continue;
+    if (!op) {
+      // Every rank sent a request for the name, so every rank holds the op
+      // until an answer comes: this one cannot have lost it. If it ever
+      // did, the others would wait in the collective for this rank, so end
+      // this engine loudly instead (the others' watchdogs end the job).
+      agreement->error = Status::Error(
+          StatusCode::kUnknown, "internal error: rank " + std::to_string(mpi_->rank()) +
+                                    " was told that collective '" + response.name +
+                                    "' is ready, but has no such collective in flight");
+      return;
+    }
     op->response = std::make_shared<const Response>(std::move(response));
     agreement->ready.push_back(op);
   }
