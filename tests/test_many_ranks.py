@@ -1,0 +1,78 @@
+"""The collective suite, the engine's bounds and a model.fit equivalence at many ranks.
+
+Every other multi-rank test runs 1 to 4 ranks; jobs of 8, 16 and 32 ranks
+find what only shows at scale (descriptors, shared-memory segments,
+negotiation, start-up). On this 2-core machine the ranks oversubscribe the
+cores, so these are correctness checks with generous timeouts, never timings.
+
+* all of tests/parallel/ in one pytest session per job (exact values against
+  what every rank contributed);
+* tests/keras_parallel/test_equivalence.py: N ranks equal one process on the
+  same global batch;
+* divergence-fuzzer programs (tests/fuzz/): every rank ends with an error
+  where the ranks cannot agree, within the stall bound plus a margin.
+
+8 ranks run by default; HVDKERAS_MANY_RANKS=8,16,32 picks the sizes (16 and
+32 take tens of minutes here). Each job's wall time is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpi_runner import assert_every_rank_passed, run_pytest_under_mpi
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+from harness import run_programs  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+SIZES = [int(n) for n in os.environ.get("HVDKERAS_MANY_RANKS", "8").split(",") if n.strip()]
+# Per rank beyond 4, on top of the 4-rank figures of test_multihost_mpi.py.
+SUITE_TIMEOUT_S = {n: 600 + 120 * n for n in SIZES}
+FIT_TIMEOUT_S = {n: 300 + 60 * n for n in SIZES}
+STALL_SHUTDOWN_S = 60  # oversubscribed ranks are slow to reach a collective
+FUZZ_STALL_S = 10.0    # the fuzzer's programs wait out several stalls each
+FUZZ_DIVERGENCES = ("skip", "name", "sleep", "raise", None)
+
+pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow]
+
+
+def _report(capsys, what: str, np: int, seconds: float) -> None:
+    with capsys.disabled():
+        print(f"\n{what} at {np} ranks: {seconds:.0f} s")
+
+
+@pytest.mark.timeout(max(SUITE_TIMEOUT_S.values()) + 120)
+@pytest.mark.parametrize("np", SIZES, ids=lambda n: f"np{n}")
+def test_collective_suite(np, capsys):
+    start = time.monotonic()
+    result, reports = run_pytest_under_mpi(
+        np, TESTS / "parallel", timeout=SUITE_TIMEOUT_S[np],
+        env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)})
+    assert_every_rank_passed(np, result, reports)
+    _report(capsys, "tests/parallel", np, time.monotonic() - start)
+
+
+@pytest.mark.timeout(max(FIT_TIMEOUT_S.values()) + 120)
+@pytest.mark.parametrize("np", SIZES, ids=lambda n: f"np{n}")
+def test_fit_equivalence(np, capsys):
+    start = time.monotonic()
+    result, reports = run_pytest_under_mpi(
+        np, TESTS / "keras_parallel" / "test_equivalence.py", timeout=FIT_TIMEOUT_S[np],
+        env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)})
+    assert_every_rank_passed(np, result, reports)
+    _report(capsys, "model.fit equivalence", np, time.monotonic() - start)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("np", SIZES, ids=lambda n: f"np{n}")
+def test_divergences_end_every_rank(np, tmp_path, capsys):
+    start = time.monotonic()
+    run_programs(np, [(100 * np + i, kind) for i, kind in enumerate(FUZZ_DIVERGENCES)],
+                 tmp_path, stall_s=FUZZ_STALL_S)
+    _report(capsys, "divergence programs", np, time.monotonic() - start)
