@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Dict, List
@@ -68,8 +69,19 @@ def outcomes(report: Path) -> Dict[str, str]:
     return result
 
 
+def slowest(out: Path, stem: str, count: int = 5) -> List[tuple]:
+    """The `count` longest (seconds, rank, test) over every rank's JUnit report."""
+    found = []
+    for report in sorted(out.glob(f"{stem}.*.xml")):
+        rank = report.suffixes[0].lstrip(".")
+        for case in ElementTree.parse(report).getroot().iter("testcase"):
+            found.append((float(case.get("time") or 0.0), rank, case.get("name", "")))
+    return sorted(found, reverse=True)[:count]
+
+
 def run_file(horovod: Path, test_file: str, np: int, out: Path, timeout: int,
-             per_test: int = 300, gradients: str = "horovod") -> Dict[str, str]:
+             per_test: int = 300, gradients: str = "horovod",
+             stall_seconds: float = 30.0) -> Dict[str, str]:
     """Runs one of Horovod's test files at `np` ranks; test name -> outcome.
 
     A test that runs past `per_test` seconds fails (pytest-timeout) instead
@@ -81,7 +93,8 @@ def run_file(horovod: Path, test_file: str, np: int, out: Path, timeout: int,
                                            str(horovod / "test" / "utils"),
                                            os.environ.get("PYTHONPATH", "")]),
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"),
-               HVDKERAS_STALL_SHUTDOWN_SECONDS="30", HVDKERAS_COLLECTIVE_GRADIENTS=gradients)
+               HVDKERAS_STALL_SHUTDOWN_SECONDS=f"{stall_seconds:g}",
+               HVDKERAS_COLLECTIVE_GRADIENTS=gradients)
     stem = path.stem
     # Each rank names its own report after its rank (MPICH and Open MPI variables).
     command = (f'r="${{PMI_RANK:-${{OMPI_COMM_WORLD_RANK:-0}}}}"; exec "{sys.executable}" -m '
@@ -113,17 +126,25 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--exact-gradients", action="store_true",
                         help="keep hvdkeras's default gradient convention")
+    parser.add_argument("--stall-shutdown-seconds", type=float, default=30.0,
+                        help="HVDKERAS_STALL_SHUTDOWN_SECONDS for the ranks (default 30)")
     args = parser.parse_args(argv)
     ensure_dependencies()
     out = args.out or Path(tempfile.mkdtemp(prefix="horovod-tests-"))
     out.mkdir(parents=True, exist_ok=True)
     for test_file in args.files:
+        started = time.monotonic()
         merged = run_file(args.horovod, test_file, args.np, out, args.timeout,
-                          gradients="exact" if args.exact_gradients else "horovod")
+                          gradients="exact" if args.exact_gradients else "horovod",
+                          stall_seconds=args.stall_shutdown_seconds)
+        took = time.monotonic() - started
         counts = collections.Counter(merged.values())
         print(f"{test_file} at {args.np} ranks: {counts['passed']} passed, "
               f"{counts['failed']} failed, {counts['skipped']} skipped "
-              f"(of {len(merged)}); log and reports in {out}")
+              f"(of {len(merged)}) in {took:.0f} s; log and reports in {out}")
+        for seconds, rank, name in slowest(out, Path(test_file).stem):
+            print(f"  slowest: {seconds:6.1f} s = {seconds / args.stall_shutdown_seconds:4.1f} "
+                  f"stall bounds, rank {rank}: {name}")
         for name in sorted(n for n, s in merged.items() if s == "failed"):
             print(f"  failed: {name}")
     return 0
