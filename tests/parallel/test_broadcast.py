@@ -22,12 +22,14 @@ from parallel_helpers import (
 def values_of(rank: int, shape, salt: int = 0) -> np.ndarray:
     """Rank-dependent small non-negative integers (0..12): exact in every dtype.
 
-    Bool sees value != 0; the pattern has both values on every rank, and up
-    to 5 ranks differ from each other, so a wrong root is visible in every
-    dtype.
+    Bool sees value != 0: element i is non-zero where bit (i mod 6) of
+    rank + 1 is set, so up to 62 ranks differ from each other in a tensor
+    of 6 or more elements, and every rank has both values there; a wrong
+    root is visible in every dtype.
     """
     i = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
-    return (i * (rank + 1) + rank + salt) % 13 * ((i + rank) % 5 != 0)
+    kept = ((rank + 1) >> (i % 6)) & 1
+    return (1 + (i * (rank + 1) + rank + salt) % 12) * kept
 
 
 @pytest.mark.parametrize("mode", MODES)
