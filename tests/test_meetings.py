@@ -24,7 +24,7 @@ from mpi_runner import describe, run_under_mpi
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "meeting_job.py"
 BOUND_S = 4.0
 SLACK_S = 6.0  # a loaded 2-core machine running 3 ranks
-ABSENT_S = BOUND_S + 12.0  # how long the missing rank stays away
+ABSENT_S = BOUND_S + SLACK_S  # how long the missing rank stays away
 
 
 def test_the_messages_name_the_ranks():
