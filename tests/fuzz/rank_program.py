@@ -180,6 +180,16 @@ def resync(seed: int, size: int) -> Dict[str, Any]:
             "errors": errors}
 
 
+def join() -> Dict[str, Any]:
+    """hvd.join(), recorded like a step."""
+    t0 = time.monotonic()
+    try:
+        hvd.join()
+        return {"join": True, "seconds": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001  (every failure is recorded)
+        return {"join": True, "error": str(e)[:600], "seconds": time.monotonic() - t0}
+
+
 def run_program(runner: Runner, spec: str, out) -> None:
     size, rank = runner.size, runner.rank
     program = programs.from_spec(spec, size)
@@ -203,13 +213,7 @@ def run_program(runner: Runner, spec: str, out) -> None:
             flush()
             sys.exit(0)
         if action.what == "join":
-            t0 = time.monotonic()
-            try:
-                hvd.join()
-                record["steps"].append({"join": True, "seconds": time.monotonic() - t0})
-            except Exception as e:  # noqa: BLE001
-                record["steps"].append({"join": True, "error": str(e)[:600],
-                                        "seconds": time.monotonic() - t0})
+            record["steps"].append(join())
             break
         t0 = time.monotonic()
         try:
@@ -225,22 +229,10 @@ def run_program(runner: Runner, spec: str, out) -> None:
             break
         step_record["seconds"] = time.monotonic() - t0
         record["steps"].append(step_record)
-    else:
-        if programs.uses_join(program):
-            t0 = time.monotonic()
-            try:
-                hvd.join()
-                record["steps"].append({"join": True, "seconds": time.monotonic() - t0})
-            except Exception as e:  # noqa: BLE001
-                record["steps"].append({"join": True, "error": str(e)[:600],
-                                        "seconds": time.monotonic() - t0})
     if programs.uses_join(program) and not any(s.get("join") for s in record["steps"]):
-        # A rank whose program failed before its join still joins, or the
-        # ranks that did would wait for it.
-        try:
-            hvd.join()
-        except Exception:  # noqa: BLE001
-            pass
+        # The ranks that did not join early join at the end, also after a
+        # failed step: the ranks that joined wait for them.
+        record["steps"].append(join())
     record["sync"] = resync(seed, size)
     record["done"] = True
     flush()
