@@ -222,7 +222,9 @@ std::map<int, std::string> Watchdog::Ask(const std::vector<int>& ranks, double w
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!running_ || !can_ask_) {
-      for (int r : ranks) answers[r] = "not asked (MPI runs without MPI_THREAD_MULTIPLE)";
+      const char* why = running_ ? "not asked (MPI runs without MPI_THREAD_MULTIPLE)"
+                                 : "not asked (hvdkeras is not running on this rank)";
+      for (int r : ranks) answers[r] = why;
       return answers;
     }
   }
