@@ -24,7 +24,7 @@ from mpi_runner import describe, run_under_mpi
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "meeting_job.py"
 BOUND_S = 4.0
 SLACK_S = 6.0  # a loaded 2-core machine running 3 ranks
-ABSENT_S = BOUND_S + SLACK_S  # how long the missing rank stays away
+ABSENT_S = 2 * BOUND_S + SLACK_S  # how long the missing rank stays away
 
 
 def test_the_messages_name_the_ranks():
@@ -119,6 +119,6 @@ def test_a_join_whose_missing_rank_went_quiet():
     for r in (0, 1):
         error = results[r].get("error", "")
         assert re.search(r"join\(\) waited [\d.]+ s for rank\(s\) 2, which neither joined nor "
-                         r"submitted any collective for as long \(rank\(s\) 0, 1 joined\)",
+                         r"submitted any collective for twice the bound \(rank\(s\) 0, 1 joined\)",
                          error), results
-        assert BOUND_S <= results[r]["seconds"] <= BOUND_S + SLACK_S, results
+        assert 2 * BOUND_S <= results[r]["seconds"] <= 2 * BOUND_S + SLACK_S, results

@@ -373,9 +373,11 @@ bool Coordinator::Stalled(const Entry& entry, SteadyClock::time_point now,
   if (now - entry.first_seen < limit) return false;
   if (!IsJoin(entry)) return true;
   // Waiting in join() for slower ranks is its point; it stalls only when
-  // the ranks still missing have gone quiet as well.
+  // the ranks still missing have gone quiet as well, for twice the bound:
+  // a missing rank may be waiting out a stall of its own in a process set,
+  // whose collectives this coordinator does not see, and join after it.
   for (int r = 0; r < size_; ++r) {
-    if (!joined_[r] && now - last_request_[r] < limit) return false;
+    if (!joined_[r] && now - last_request_[r] < 2 * limit) return false;
   }
   return true;
 }
@@ -419,7 +421,7 @@ void Coordinator::FailStalled(SteadyClock::time_point now, double seconds) {
     message.precision(3);
     if (IsJoin(table_[stall.name])) {
       message << "join() waited " << stall.seconds << " s for rank(s) " << RankList(stall.missing)
-              << ", which neither joined nor submitted any collective for as long (rank(s) "
+              << ", which neither joined nor submitted any collective for twice the bound (rank(s) "
               << RankList(stall.submitted)
               << " joined), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS"
               << ExplainStall(stall)

@@ -56,7 +56,7 @@ class Coordinator {
   // Names waiting longer than `seconds` for some rank. Each name is
   // reported once per call that finds it over the limit and not reported
   // before (set `only_new` to false to report all). A join counts only once
-  // the ranks that have not joined have also sent nothing for `seconds`.
+  // the ranks that have not joined have also sent nothing for 2 * `seconds`.
   std::vector<Stall> FindStalls(SteadyClock::time_point now, double seconds, bool only_new = true);
 
   // Whether FailStalled(now, seconds) would fail something.

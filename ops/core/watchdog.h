@@ -9,7 +9,7 @@
 // 1. A collective some ranks submitted and others did not: rank 0's
 //    coordinator fails it on the ranks waiting in it and says where each
 //    missing rank waits instead (coordinator.cc, ExplainStall). A join()
-//    whose missing ranks submit nothing for that long fails too.
+//    whose missing ranks submit nothing for twice that long fails too.
 // 2. An engine thread inside one step of its cycle for that long: inside
 //    negotiation or a collective's MPI calls (some rank's engine stopped
 //    taking part: its process is stopped, its engine thread stuck, its host

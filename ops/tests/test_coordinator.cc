@@ -329,21 +329,22 @@ TEST(CoordinatorEndsAJoinOnlyWhenTheOthersGoQuiet) {
     c.FailStalled(start + seconds(s + 1), 10.0);
     CHECK(c.TakeReady().empty());
   }
-  // Then it goes quiet without joining: after the bound, the join fails.
-  c.FailStalled(start + seconds(65), 10.0);
+  // Then it goes quiet without joining: after twice the bound, the join
+  // fails.
+  c.FailStalled(start + seconds(75), 10.0);
   CHECK(c.TakeReady().empty());
-  c.FailStalled(start + seconds(71), 10.0);
+  c.FailStalled(start + seconds(81), 10.0);
   std::vector<Response> ready = c.TakeReady();
   CHECK_EQ(ready.size(), size_t{1});
   if (ready.size() == 1) {
     CHECK_EQ(ready[0].kind, Response::Kind::kError);
-    CHECK_EQ(ready[0].error.substr(0, 86),
-             std::string("join() waited 71 s for rank(s) 2, which neither joined nor submitted "
-                         "any collective fo"));
+    CHECK_EQ(ready[0].error.substr(0, 103),
+             std::string("join() waited 81 s for rank(s) 2, which neither joined nor submitted "
+                         "any collective for twice the bound"));
   }
   // The joined ranks are ranks again: a new collective waits for all three.
   CHECK(!c.any_joined());
-  c.Add(Allreduce("after", 0), start + seconds(72));
+  c.Add(Allreduce("after", 0), start + seconds(82));
   CHECK(c.TakeReady().empty());
 }
 

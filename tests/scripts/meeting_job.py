@@ -9,7 +9,7 @@ skip_add:    the last rank never calls add_process_set(); the others' call
 different:   rank 0 calls add_process_set() while the others call
              remove_process_set(): every rank fails at once, naming both.
 no_join:     the last rank never calls join() and runs no collective; the
-             others' join() must fail within the bound, naming it.
+             others' join() must fail after twice the bound, naming it.
 Each rank prints one line: RESULT <json> with its error and the seconds taken.
 """
 import json
