@@ -192,6 +192,26 @@ def test_nvrtc_compiles_the_kernels_without_a_gpu(built, arch):
     assert c_api.gpu_compile_kernels(lib, arch) > 10_000
 
 
+def test_compiled_kernels_are_kept_and_reused(built, tmp_path: Path):
+    """NVRTC runs once per machine: the result is kept in the kernel cache,
+    keyed by architecture, NVRTC version and source, and read back."""
+    info, lib = built
+    if not info["with_cuda"]:
+        pytest.skip(f"this library has no GPU part ({info['cuda_reason']})")
+    lib.hvdkeras_gpu_set_kernel_cache_dir(str(tmp_path).encode())
+    try:
+        size = c_api.gpu_compile_kernels(lib, "sm_80")
+        (kept,) = list(tmp_path.iterdir())
+        assert re.fullmatch(r"kernels-sm_80-nvrtc\d+\.\d+-[0-9a-f]{16}\.cubin", kept.name), kept
+        assert kept.stat().st_size == size
+        # The next compile for sm_80 reads the cache (a stand-in entry here).
+        kept.write_bytes(b"k" * 12345)
+        assert c_api.gpu_compile_kernels(lib, "sm_80") == 12345
+        assert len(list(tmp_path.iterdir())) == 1  # no temporary file left
+    finally:
+        lib.hvdkeras_gpu_set_kernel_cache_dir(str(toolchain.cache_root() / "kernels").encode())
+
+
 def test_nvrtc_errors_are_reported(built):
     info, lib = built
     if not info["with_cuda"]:

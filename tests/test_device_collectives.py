@@ -1,11 +1,15 @@
-"""The engine's GPU execution of every collective, on real MPI ranks with
-host-memory stand-ins for the GPU device and its communicator.
+"""The engine's GPU execution of every collective, and its GPU paths end to
+end, on real MPI ranks with host-memory stand-ins for the GPU device and its
+communicator.
 
-`ops/tests/mpi/device_collectives_test.cc` says what the stand-ins do and
-what is checked; this file builds it against the MPI that mpi4py loads (with
-every engine source, no TensorFlow) and runs it under mpiexec with 2 and 3
-ranks. The real device (CUDA, NCCL) runs in tests/test_gpu.py where there is
-a GPU.
+`ops/tests/mpi/device_collectives_test.cc` (each collective's steps) and
+`ops/tests/mpi/device_engine_test.cc` (the engine with a stand-in backend:
+two process sets at once on lanes of their own, failures injected after work
+was queued, a set-up failure on one rank, a communicator's own error, a
+joined rank's pinned GPU) say what the stand-ins do and what is checked;
+this file builds each against the MPI that mpi4py loads (with every engine
+source, no TensorFlow) and runs it under mpiexec. The real device (CUDA,
+NCCL) runs in tests/test_gpu.py where there is a GPU.
 """
 
 from __future__ import annotations
@@ -23,20 +27,24 @@ from mpi_runner import describe, mpiexec_path, per_rank_output_args, rank_output
 
 REPO = Path(__file__).resolve().parent.parent
 OPS = REPO / "ops"
-TEST_SOURCE = OPS / "tests" / "mpi" / "device_collectives_test.cc"
 FLAGS = ("-std=c++17", "-O1", "-Wall", "-Wextra", "-pthread")
 TIMEOUT_S = 120
 
 
+TESTS = {"device_collectives": (1, 2, 3), "device_engine": (2, 3)}
+
+
 @pytest.fixture(scope="module")
-def binary(tmp_path_factory) -> Path:
+def objects(tmp_path_factory) -> tuple:
+    """Every engine source and the harness compiled once: (objects, flags, directory)."""
     gxx = shutil.which(os.environ.get("CXX") or "g++")
     if gxx is None:
         pytest.skip("no C++ compiler; this test builds a C++ binary")
     mpi = toolchain.mpi_library_info()
     assert mpi["include_dir"], mpi
     directory = tmp_path_factory.mktemp("device_collectives")
-    sources = [*sorted((OPS / "core").glob("*.cc")), OPS / "tests" / "harness.cc", TEST_SOURCE]
+    sources = [*sorted((OPS / "core").glob("*.cc")), OPS / "tests" / "harness.cc",
+               *[OPS / "tests" / "mpi" / f"{name}_test.cc" for name in TESTS]]
     flags = [*FLAGS, f"-I{OPS}", f"-I{mpi['include_dir']}"]
 
     def compile_one(source: Path) -> Path:
@@ -47,20 +55,32 @@ def binary(tmp_path_factory) -> Path:
         return obj
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        objects = list(pool.map(compile_one, sources))
-    exe = directory / "device_collectives_test"
-    library = Path(mpi["library"])
-    result = subprocess.run([gxx, *flags, *map(str, objects), "-o", str(exe),
-                             f"-L{library.parent}", f"-l:{library.name}",
-                             f"-Wl,-rpath,{library.parent}"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+        compiled = list(pool.map(compile_one, sources))
+    return gxx, compiled, flags, directory, Path(mpi["library"])
+
+
+def link(objects: tuple, name: str) -> Path:
+    """The test binary of ops/tests/mpi/<name>_test.cc."""
+    gxx, compiled, flags, directory, library = objects
+    others = {f"mpi__{other}_test.o" for other in TESTS if other != name}
+    exe = directory / f"{name}_test"
+    if not exe.exists():
+        result = subprocess.run([gxx, *flags, *[str(o) for o in compiled if o.name not in others],
+                                 "-o", str(exe), f"-L{library.parent}", f"-l:{library.name}",
+                                 f"-Wl,-rpath,{library.parent}"],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
     return exe
 
 
+CASES = [pytest.param(name, np, id=f"{name}-np{np}") for name, sizes in TESTS.items()
+         for np in sizes]
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("np", (1, 2, 3), ids=lambda n: f"np{n}")
-def test_device_collectives_on_host_stand_ins(binary: Path, np: int, tmp_path: Path):
+@pytest.mark.parametrize("name, np", CASES)
+def test_device_paths_on_host_stand_ins(objects: tuple, name: str, np: int, tmp_path: Path):
+    binary = link(objects, name)
     # Each rank's output to its own files (Note [one file per rank] in mpi_runner.py).
     result = run_command([str(mpiexec_path()), "-n", str(np), *per_rank_output_args(tmp_path),
                           str(binary)], timeout=TIMEOUT_S)

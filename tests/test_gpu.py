@@ -15,13 +15,17 @@ GPU:
 - tests/keras_parallel/test_equivalence.py and test_compression.py: N ranks
   train like one process on the global batch, with fp16/bf16 compression;
 - the bandwidth probe (examples/gpu_bandwidth_probe.py) runs and prints its
-  ratios (the numbers are for reading, not asserted).
+  ratios (the numbers are for reading, not asserted);
+- a peer killed while the other rank reduces on its GPU ends the job within
+  the stall bound (tests/scripts/gpu_peer_death.py).
 Two ranks need two GPUs.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +80,24 @@ def test_bandwidth_probe_runs():
     print(output)  # the measurements, for the closing notes
     assert "packed GB/s" in output and "busbw GB/s" in output, output
     sys.stdout.flush()
+
+
+PEER_DEATH_BOUND_S = 20
+
+
+@pytest.mark.usefixtures("op_library_built")
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_killed_peer_ends_a_gpu_job_within_the_bound():
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    start = time.time()
+    result = run_under_mpi(2, [str(TESTS / "scripts" / "gpu_peer_death.py")], timeout=TIMEOUT_S,
+                           env={**GPU_ENV, "HVDKERAS_STALL_SHUTDOWN_SECONDS":
+                                str(PEER_DEATH_BOUND_S)})
+    ended = time.time()
+    assert result.returncode != 0, describe(result)
+    killed = re.search(r"KILLED_AT (\d+\.\d+)", result.stdout)
+    assert killed, describe(result)
+    assert ended - float(killed.group(1)) < PEER_DEATH_BOUND_S + 15, describe(result)
+    assert "UNREACHABLE" not in result.stdout
+    assert start < float(killed.group(1))

@@ -65,6 +65,10 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                               ctypes.POINTER(ctypes.c_double), ctypes.c_char_p,
                                               ctypes.c_int]
     lib.hvdkeras_gpu_probe_copies.restype = ctypes.c_int
+    lib.hvdkeras_gpu_set_kernel_cache_dir.argtypes = [ctypes.c_char_p]
+    lib.hvdkeras_gpu_set_kernel_cache_dir.restype = None
+    lib.hvdkeras_gpu_pin.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_gpu_pin.restype = ctypes.c_int
     lib.hvdkeras_set_activity.argtypes = [ctypes.c_char_p]
     lib.hvdkeras_set_activity.restype = None
     lib.hvdkeras_ask_ranks.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int,
@@ -132,6 +136,17 @@ def start_process_set(lib: ctypes.CDLL, set_id: int, fortran_comm: int, config: 
     if rc != 0:
         raise RuntimeError(f"hvdkeras process set {set_id} failed to start: "
                            f"{error.value.decode()}")
+
+
+def gpu_pin(lib: ctypes.CDLL, device: int) -> str:
+    """Tells the engine this process's GPU and readies it (kernels, stream).
+
+    Returns "" or why the GPU part cannot use it (the first GPU collective
+    then fails with the same reason on every rank).
+    """
+    text = ctypes.create_string_buffer(ERROR_CAPACITY)
+    rc = lib.hvdkeras_gpu_pin(device, text, len(text))
+    return "" if rc == 0 else text.value.decode(errors="replace")
 
 
 def set_activity(lib: ctypes.CDLL, what: str) -> None:

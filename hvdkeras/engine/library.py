@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hvdkeras import compat
-from hvdkeras.engine import build, c_api, cuda_build, types
+from hvdkeras.engine import build, c_api, cuda_build, toolchain, types
 
 _lock = threading.Lock()
 _ops_module: Any = None
@@ -52,6 +52,9 @@ def load() -> tuple[Any, ctypes.CDLL]:
             # TensorFlow has not loaded them already: the NVIDIA wheels.
             dirs = ":".join(str(d) for d in cuda_build.wheel_dirs("lib"))
             _cdll.hvdkeras_gpu_set_library_dirs(dirs.encode())
+            # Compiled GPU kernels are kept beside the op libraries.
+            _cdll.hvdkeras_gpu_set_kernel_cache_dir(
+                str(toolchain.cache_root() / "kernels").encode())
             _path = path
         return _ops_module, _cdll
 

@@ -7,9 +7,10 @@ callbacks (which ask which GPU was pinned).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Optional
 
-from hvdkeras.engine import world
+from hvdkeras.engine import c_api, library, world
 from hvdkeras.gpu import nvml
 from hvdkeras.gpu.pinning import PinningError, choose_gpu, parse_visible_devices
 
@@ -76,6 +77,13 @@ def pin_gpu() -> Any:
         raise RuntimeError(
             "hvdkeras.pin_gpu() must run before TensorFlow sets up its GPUs (before any "
             f"tensor, model or op is made): {error}") from error
+    # The engine learns the GPU (a rank whose batch holds only a joined
+    # rank's stand-ins uses it) and readies it now, kernels included, so the
+    # first collective does not compile them.
+    problem = c_api.gpu_pin(library.handle(), index)
+    if problem:
+        warnings.warn(f"hvdkeras.pin_gpu(): the GPU collectives cannot use GPU {index}: "
+                      f"{problem}", RuntimeWarning, stacklevel=2)
     physical = nvml.device_count() or len(gpus)
     visible = parse_visible_devices(setting, physical)
     _pinned_entry = visible[index] if index < len(visible) else None

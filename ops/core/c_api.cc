@@ -167,6 +167,31 @@ void hvdkeras_gpu_set_library_dirs(const char* dirs) {
   if (backend) backend->set_library_dirs(dirs ? dirs : "");
 }
 
+// Where the GPU part keeps compiled kernels between runs.
+void hvdkeras_gpu_set_kernel_cache_dir(const char* dir) {
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  if (backend && backend->set_kernel_cache_dir) backend->set_kernel_cache_dir(dir ? dir : "");
+}
+
+// The GPU this process was pinned to (hvdkeras.pin_gpu()), made ready now:
+// its engine lane's stream and the kernels (compiled or read from the
+// cache), so the first collective pays for neither. Returns 0, or 1 with
+// the reason in `text` (the first collective then reports it too).
+int hvdkeras_gpu_pin(int device, char* text, int capacity) {
+  hvdkeras::SetPinnedDevice(device);
+  const hvdkeras::DeviceBackend* backend = hvdkeras::GetDeviceBackend();
+  if (!backend) {
+    CopyText(hvdkeras::kNoGpuPart, text, capacity);
+    return 1;
+  }
+  std::string why;
+  hvdkeras::Device* gpu = backend->device(&why);
+  hvdkeras::Status s = gpu ? gpu->Prepare({device, 0})
+                           : hvdkeras::Status::Error(hvdkeras::StatusCode::kPreconditionError, why);
+  CopyText(s.message, text, capacity);
+  return s.ok() ? 0 : 1;
+}
+
 // The GPUs this process can use: their number, with a description in
 // `text`; or -1 with the reason there are none.
 int hvdkeras_gpu_probe(char* text, int capacity) {

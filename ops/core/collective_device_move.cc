@@ -24,10 +24,10 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
     const int64_t bytes = TensorBytes(t);
     void* output = t.output;
     if (t.neutral) {  // a joined rank receives into scratch memory
-      s = ctx.device->Scratch(ctx.device_ordinal, kNeutralSlot, bytes, &output);
+      s = ctx.device->Scratch(ctx.device_lane, kNeutralSlot, bytes, &output);
       if (!s.ok()) return s;
     } else if (is_root && t.input != t.output && bytes > 0) {
-      s = ctx.device->CopyScaled(ctx.device_ordinal, DataType::kUInt8,
+      s = ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8,
                                  {{t.input, t.output, bytes}}, 1.0);
       if (!s.ok()) return s;
     }
@@ -54,7 +54,7 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
   }
   if (is_root && !in.empty()) {
     Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
-    s = ctx.device->CopyScaled(ctx.device_ordinal, DataType::kUInt8, in, 1.0);
+    s = ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8, in, 1.0);
     if (!s.ok()) return s;
   }
   {
@@ -64,7 +64,7 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
   }
   if (!out.empty()) {
     Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-    s = ctx.device->CopyScaled(ctx.device_ordinal, DataType::kUInt8, out, 1.0);
+    s = ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8, out, 1.0);
     if (!s.ok()) return s;
   }
   return ReleaseStreams(ctx, batch);
@@ -114,7 +114,7 @@ Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch
   s = WaitForNewOutputs(ctx, batch);
   if (!s.ok()) return s;
   if (!own.empty()) {
-    s = ctx.device->CopyScaled(ctx.device_ordinal, DataType::kUInt8, own, 1.0);
+    s = ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8, own, 1.0);
     if (!s.ok()) return s;
   }
   {
@@ -155,7 +155,7 @@ Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op) {
     if (recv_bytes[r] > 0) recvs.push_back({r, output + recv_displs[r], recv_bytes[r]});
   }
   if (send_bytes[me] > 0) {
-    s = ctx.device->CopyScaled(ctx.device_ordinal, DataType::kUInt8,
+    s = ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8,
                                {{input + send_displs[me], output + recv_displs[me],
                                  send_bytes[me]}}, 1.0);
     if (!s.ok()) return s;

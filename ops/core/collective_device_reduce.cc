@@ -39,7 +39,7 @@ Status ReduceInFusedBuffer(ExecContext& ctx, const std::vector<PendingOp*>& batc
   }
   if (divisor != 1 || first.postscale != 1.0) {
     Activity scale(ctx, batch, "POSTSCALE");
-    s = ctx.device->Finalize(ctx.device_ordinal, dtype, buffer, total, divisor, first.postscale);
+    s = ctx.device->Finalize(ctx.device_lane, dtype, buffer, total, divisor, first.postscale);
   }
   return s;
 }
@@ -68,14 +68,14 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
     void* output = t.output;
     const void* send = t.input;
     if (t.neutral) {
-      s = ctx.device->Scratch(ctx.device_ordinal, kNeutralSlot, count * element, &output);
-      if (s.ok()) s = ctx.device->FillNeutral(ctx.device_ordinal, dtype, first.reduce_op,
+      s = ctx.device->Scratch(ctx.device_lane, kNeutralSlot, count * element, &output);
+      if (s.ok()) s = ctx.device->FillNeutral(ctx.device_lane, dtype, first.reduce_op,
                                               output, count);
       if (!s.ok()) return s;
       send = output;
     } else if (first.prescale != 1.0) {
       Activity scale(ctx, batch, "PRESCALE");
-      s = ctx.device->CopyScaled(ctx.device_ordinal, dtype, {{t.input, output, count}},
+      s = ctx.device->CopyScaled(ctx.device_lane, dtype, {{t.input, output, count}},
                                  first.prescale);
       if (!s.ok()) return s;
       send = output;
@@ -87,7 +87,7 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
     }
     if (finalize && !t.neutral) {
       Activity scale(ctx, batch, "POSTSCALE");
-      s = ctx.device->Finalize(ctx.device_ordinal, dtype, output, count, divisor,
+      s = ctx.device->Finalize(ctx.device_lane, dtype, output, count, divisor,
                                first.postscale);
       if (!s.ok()) return s;
     }
@@ -145,7 +145,7 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
   if (!s.ok()) return s;
   if (!out.empty()) {
     Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-    s = ctx.device->CopyScaled(ctx.device_ordinal, dtype, out, 1.0);
+    s = ctx.device->CopyScaled(ctx.device_lane, dtype, out, 1.0);
     if (!s.ok()) return s;
   }
   return ReleaseStreams(ctx, batch);

@@ -35,10 +35,10 @@ struct ExecContext {
   BlockPool* blocks;   // fused allreduce results handed out as outputs
   ShmAllreduce* shm;   // allreduce through shared memory, when active
   // GPU batches (collective_device_*.cc): the device, its communicator and
-  // this rank's GPU.
+  // this engine's lane on this rank's GPU (Note [device lanes]).
   Device* device = nullptr;
   DeviceCommunicator* device_comm = nullptr;
-  int device_ordinal = -1;
+  DeviceLane device_lane{};
 };
 
 // Records an execution phase of every op in a batch on the timeline.

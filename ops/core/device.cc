@@ -1,5 +1,7 @@
 #include "core/device.h"
 
+#include <atomic>
+
 #include "core/pending_op.h"
 
 namespace hvdkeras {
@@ -11,6 +13,8 @@ DeviceBackend& Registered() {
   return backend;
 }
 
+std::atomic<int> pinned_device{-1};
+
 }  // namespace
 
 void RegisterDeviceBackend(const DeviceBackend& backend) { Registered() = backend; }
@@ -18,6 +22,10 @@ void RegisterDeviceBackend(const DeviceBackend& backend) { Registered() = backen
 const DeviceBackend* GetDeviceBackend() {
   return Registered().device != nullptr ? &Registered() : nullptr;
 }
+
+void SetPinnedDevice(int device) { pinned_device.store(device); }
+
+int PinnedDevice() { return pinned_device.load(); }
 
 void DiscardReadyEvents(PendingOp* op) {
   Device* device = nullptr;

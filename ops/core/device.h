@@ -30,6 +30,21 @@
 
 namespace hvdkeras {
 
+// Note [device lanes]
+// ~~~~~~~~~~~~~~~~~~~
+// A process has one Device, but every engine (one per process set, each on
+// its own thread: Note [process set engines] in engine.h) queues its GPU
+// work on a lane of its own: a stream and scratch memory of its own on each
+// GPU. So two sets never write one fused buffer, never free memory the
+// other's stream still uses, and each set's communicator calls are ordered
+// on its own stream (two communicators sharing one stream, enqueued in
+// different orders on different ranks, would deadlock). What is shared
+// (the loaded kernels, the event pool) is made once under a lock.
+struct DeviceLane {
+  int device = -1;  // the GPU (CUDA ordinal in this process)
+  int lane = 0;     // the engine's process set id
+};
+
 // One element-wise copy: `count` elements from src to dst.
 struct DeviceCopy {
   const void* src = nullptr;
@@ -61,28 +76,37 @@ class Device {
   // failed before running).
   virtual void Discard(void* event) = 0;
 
-  // Engine thread; everything below is queued on the engine's stream of
-  // `device` and returns without waiting for the GPU.
-  // The engine stream waits for `event` (from RecordReady), then releases it.
-  virtual Status WaitFor(int device, void* event) = 0;
-  // The engine stream waits for everything queued on `framework_stream` now.
-  virtual Status WaitForStream(int device, void* framework_stream) = 0;
-  // `framework_stream` waits for everything queued on the engine stream now.
-  virtual Status Release(int device, void* framework_stream) = 0;
+  // Makes `where` ready: its stream, the GPU's kernels (compiled or read
+  // from the cache). Everything that can fail locally when a GPU is first
+  // used happens here, before the ranks make their communicator together.
+  // Any thread; a second call does nothing.
+  virtual Status Prepare(const DeviceLane& where) = 0;
+
+  // Engine thread; everything below is queued on the stream of the lane
+  // `where` (Note [device lanes]) and returns without waiting for the GPU.
+  // The lane's stream waits for `event` (from RecordReady), then releases it.
+  virtual Status WaitFor(const DeviceLane& where, void* event) = 0;
+  // The lane's stream waits for everything queued on `framework_stream` now.
+  virtual Status WaitForStream(const DeviceLane& where, void* framework_stream) = 0;
+  // `framework_stream` waits for everything queued on the lane's stream now.
+  virtual Status Release(const DeviceLane& where, void* framework_stream) = 0;
+  // The host waits until the lane's stream has finished everything queued:
+  // only when a failed batch could not release the framework's streams.
+  virtual Status Synchronize(const DeviceLane& where) = 0;
   // A buffer of at least `bytes` reused across calls (`slot` tells apart
   // buffers needed at the same time). Its contents are not kept when it grows.
-  virtual Status Scratch(int device, int slot, int64_t bytes, void** data) = 0;
+  virtual Status Scratch(const DeviceLane& where, int slot, int64_t bytes, void** data) = 0;
   // dst = src * factor for every copy (a factor of 1 copies). Any number of
   // copies; one kernel launch serves up to kMaxCopiesPerLaunch of them.
-  virtual Status CopyScaled(int device, DataType dtype, const std::vector<DeviceCopy>& copies,
-                            double factor) = 0;
+  virtual Status CopyScaled(const DeviceLane& where, DataType dtype,
+                            const std::vector<DeviceCopy>& copies, double factor) = 0;
   // data = data / divisor * factor (integer division when factor is 1).
-  virtual Status Finalize(int device, DataType dtype, void* data, int64_t count, int divisor,
-                          double factor) = 0;
+  virtual Status Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count,
+                          int divisor, double factor) = 0;
   // Fills `count` elements with the neutral element of `op`.
-  virtual Status FillNeutral(int device, DataType dtype, ReduceOp op, void* data,
+  virtual Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
                              int64_t count) = 0;
-  virtual Status Zero(int device, void* data, int64_t bytes) = 0;
+  virtual Status Zero(const DeviceLane& where, void* data, int64_t bytes) = 0;
 };
 
 // A part of a buffer sent to or received from one rank.
@@ -106,6 +130,11 @@ class DeviceCommunicator {
   // Point-to-point bytes in one group: what allgather and alltoall need.
   virtual Status Exchange(const std::vector<DeviceSegment>& sends,
                           const std::vector<DeviceSegment>& recvs) = 0;
+  // An error the communicator met on its own since it started (a peer that
+  // died, a network fault), without waiting: OK while it is healthy. The
+  // engine asks every cycle; on an error it aborts the communicator, which
+  // ends kernels still waiting on the lost peer.
+  virtual Status AsyncError() = 0;
   // After a failure elsewhere, ends the communicator without waiting for
   // the other ranks.
   virtual void Abort() = 0;
@@ -120,7 +149,8 @@ struct DeviceBackend {
   // Rank 0 makes a communicator id; every rank receives it (the engine
   // broadcasts it) and then makes its communicator, collectively.
   Status (*new_unique_id)(std::string* id) = nullptr;
-  Status (*make_communicator)(const std::string& id, int rank, int size, int device,
+  // The communicator queues its work on the stream of the lane `where`.
+  Status (*make_communicator)(const std::string& id, int rank, int size, const DeviceLane& where,
                               std::unique_ptr<DeviceCommunicator>* out) = nullptr;
   // What the backend was built with and which runtime libraries it finds,
   // as "name=value" lines, for `hvdkeras check`.
@@ -128,8 +158,11 @@ struct DeviceBackend {
   // Where to look for the runtime libraries (colon-separated directories),
   // before the first use.
   void (*set_library_dirs)(const std::string& dirs) = nullptr;
+  // Where compiled kernels are kept between runs ("" : not kept).
+  void (*set_kernel_cache_dir)(const std::string& dir) = nullptr;
   // Compiles the GPU kernels for `arch` without running them (no GPU
-  // needed): proves the run-time compiler works here. Returns their size.
+  // needed), or reads them from the kernel cache: proves the run-time
+  // compiler works here. Returns their size.
   Status (*compile_kernels)(const std::string& arch, int64_t* bytes) = nullptr;
   // Measures packing `tensors` buffers of `bytes_each` into a fused buffer
   // and back on GPU 0 (GB/s of data moved), against one plain
@@ -147,6 +180,10 @@ struct PendingOp;
 void DiscardReadyEvents(PendingOp* op);
 // Null when no backend was compiled in.
 const DeviceBackend* GetDeviceBackend();
+// The GPU this process was pinned to (hvdkeras.pin_gpu()), or -1: the GPU a
+// rank uses when its batch holds only a joined rank's stand-ins.
+void SetPinnedDevice(int device);
+int PinnedDevice();
 // What is said when GPU work reaches a library without a backend.
 inline constexpr char kNoGpuPart[] = "this op library was built without GPU support";
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -76,13 +77,20 @@ Status DeviceSession::Prepare(const MpiContext& mpi, const std::vector<PendingOp
 }
 
 Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
-  const int use = ordinal >= 0 ? ordinal : 0;
+  // A batch of stand-ins alone (a joined rank) names no GPU: use the one
+  // this process was pinned to, not another rank's GPU 0.
+  const int use = ordinal >= 0 ? ordinal : std::max(PinnedDevice(), 0);
   const DeviceBackend* backend = GetDeviceBackend();
   std::string problem;
   if (backend == nullptr) {
     problem = kNoGpuPart;
   } else if ((device_ = backend->device(&problem)) == nullptr) {
     problem = "no GPU is usable: " + problem;
+  } else {
+    // The work that can fail on one rank alone (the lane's stream, the
+    // kernels) comes first, so that the agreement below covers it.
+    Status ready = device_->Prepare({use, lane_});
+    if (!ready.ok()) problem = ready.message;
   }
   // Every rank learns every rank's GPU, so all see the same sharing.
   std::string mine = problem.empty() ? HostName() + ": " + device_->Identity(use) : "";
@@ -120,13 +128,35 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
   s = mpi.Allreduce(nullptr, &can_start, 1, DataType::kInt32, ReduceOp::kMin);
   if (!s.ok()) return s;
   if (can_start == 0) {
+    device_ = nullptr;
     if (!shared.empty()) return Refused(shared);
     if (!problem.empty()) return Refused("on rank " + std::to_string(mpi.rank()) + ", " + problem);
     return Refused(id_bytes == 0 ? "rank 0 could not start them"
                                  : "another rank has no usable GPU (see its error)");
   }
   ordinal_ = use;
-  return backend->make_communicator(id, mpi.rank(), mpi.size(), ordinal_, &comm_);
+  // And once more after: a rank whose communicator failed must not leave
+  // the others with one that waits for it at their first collective.
+  Status made = backend->make_communicator(id, mpi.rank(), mpi.size(), lane(), &comm_);
+  int32_t all_made = made.ok() ? 1 : 0;
+  s = mpi.Allreduce(nullptr, &all_made, 1, DataType::kInt32, ReduceOp::kMin);
+  if (!s.ok() || all_made == 0) {
+    if (comm_) comm_->Abort();
+    comm_.reset();
+    device_ = nullptr;
+    ordinal_ = -1;
+    if (!s.ok()) return s;
+    return made.ok() ? Refused("another rank could not make its communicator (see its error)")
+                     : Refused("on rank " + std::to_string(mpi.rank()) + ", " + made.message);
+  }
+  return Status::OK();
+}
+
+Status DeviceSession::Health() {
+  if (!comm_) return Status::OK();
+  Status s = comm_->AsyncError();
+  if (!s.ok()) Close(/*collective=*/false);
+  return s;
 }
 
 void DeviceSession::Close(bool collective) {

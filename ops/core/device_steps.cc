@@ -14,7 +14,7 @@ Status WaitForInputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   for (PendingOp* op : batch) {
     for (TensorRef& t : op->tensors) {
       if (t.ready == nullptr) continue;
-      Status s = ctx.device->WaitFor(ctx.device_ordinal, t.ready);
+      Status s = ctx.device->WaitFor(ctx.device_lane, t.ready);
       t.ready = nullptr;
       if (!s.ok()) return s;
     }
@@ -43,7 +43,7 @@ std::vector<void*> FrameworkStreams(const std::vector<PendingOp*>& batch) {
 
 Status WaitForNewOutputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   for (void* stream : FrameworkStreams(batch)) {
-    Status s = ctx.device->WaitForStream(ctx.device_ordinal, stream);
+    Status s = ctx.device->WaitForStream(ctx.device_lane, stream);
     if (!s.ok()) return s;
   }
   return Status::OK();
@@ -51,7 +51,7 @@ Status WaitForNewOutputs(ExecContext& ctx, const std::vector<PendingOp*>& batch)
 
 Status ReleaseStreams(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   for (void* stream : FrameworkStreams(batch)) {
-    Status s = ctx.device->Release(ctx.device_ordinal, stream);
+    Status s = ctx.device->Release(ctx.device_lane, stream);
     if (!s.ok()) return s;
   }
   return Status::OK();
@@ -76,7 +76,7 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
     char* slot = buffer + plan.offsets[i];
     if (t.neutral) {
       if (!into) continue;
-      Status s = ctx.device->FillNeutral(ctx.device_ordinal, dtype, neutral_op, slot, count);
+      Status s = ctx.device->FillNeutral(ctx.device_lane, dtype, neutral_op, slot, count);
       if (!s.ok()) return s;
       continue;
     }
@@ -84,7 +84,7 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
                           : DeviceCopy{slot, t.output, count});
   }
   return copies.empty() ? Status::OK()
-                        : ctx.device->CopyScaled(ctx.device_ordinal, dtype, copies, factor);
+                        : ctx.device->CopyScaled(ctx.device_lane, dtype, copies, factor);
 }
 
 Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
@@ -98,7 +98,7 @@ Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
   }
   void* scratch = nullptr;
   if (neutral_bytes > 0) {
-    Status s = ctx.device->Scratch(ctx.device_ordinal, kNeutralSlot, neutral_bytes, &scratch);
+    Status s = ctx.device->Scratch(ctx.device_lane, kNeutralSlot, neutral_bytes, &scratch);
     if (!s.ok()) return s;
   }
   out->assign(tensors.size(), nullptr);
@@ -121,7 +121,7 @@ Status FusedBuffer(ExecContext& ctx, const std::vector<TensorRef*>& tensors, Pac
   for (const TensorRef* t : tensors) bytes.push_back(TensorBytes(*t));
   *plan = PlanPacking(bytes, kDeviceAlignment, kMaxCopiesPerLaunch);
   void* scratch = nullptr;
-  Status s = ctx.device->Scratch(ctx.device_ordinal, kFusionSlot, plan->total_bytes, &scratch);
+  Status s = ctx.device->Scratch(ctx.device_lane, kFusionSlot, plan->total_bytes, &scratch);
   *buffer = static_cast<char*>(scratch);
   return s;
 }

@@ -67,7 +67,7 @@ Status Engine::StartSet(int id, MPI_Comm comm, const EngineConfig& config) {
       return Status::Error(StatusCode::kPreconditionError,
                            "process set " + std::to_string(id) + " is already running");
     }
-    engine = new Engine("process set " + std::to_string(id));  // kept for good, see the note
+    engine = new Engine(id);  // kept for good, see the note
   }
   EngineConfig set_config = config;
   set_config.timeline_path.clear();  // the global set alone traces and tunes
@@ -104,7 +104,7 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   Status s = mpi_.Open(comm);
   if (!s.ok()) return s;
   mpi_.set_allreduce_chunk_bytes(config.allreduce_chunk_bytes);
-  s = executor_.Open(&mpi_, config);
+  s = executor_.Open(&mpi_, config, set_id_);
   if (!s.ok()) return s;
   allreduce_path_ = executor_.allreduce_path();
   stat_ops_ = 0;
@@ -197,6 +197,15 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   negotiator_.InspectStalls(now);
   if (timeline_.active()) timeline_.CycleStart();
 
+  // A GPU communicator that met an error on its own (a lost peer, a
+  // network fault) leaves kernels waiting for what never comes: the error
+  // ends this engine, and its aborted communicator frees those kernels.
+  const Status device_health = executor_.DeviceHealth();
+  if (!device_health.ok()) {
+    FailEverything("the GPU communicator failed, so hvdkeras stopped on this rank: " +
+                   device_health.message);
+    return false;
+  }
   const CycleSignals signals{stop, timeline_.active(), tuning_.has_news()};
   const bool waiting = !pending_.empty();
   activity_.Enter(EngineActivity::Phase::kNegotiating);

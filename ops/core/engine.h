@@ -43,7 +43,10 @@ namespace hvdkeras {
 
 class Engine {
  public:
-  explicit Engine(std::string label = "global set") : activity_(std::move(label)) {
+  // `set_id`: 0 for the global set (Note [process set engines]).
+  explicit Engine(int set_id = 0)
+      : set_id_(set_id),
+        activity_(set_id == 0 ? "global set" : "process set " + std::to_string(set_id)) {
     activity_.SetWaitingSource([this] { return queue_.DescribeInFlight(); });
   }
 
@@ -116,6 +119,7 @@ class Engine {
   void Finish(std::vector<std::pair<PendingOp*, Status>> results);
   void FailEverything(const std::string& why);
 
+  const int set_id_;
   SubmissionQueue queue_;  // shared with the submitting threads
 
   // Owned by the background thread while it runs.

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "core/device_steps.h"
 #include "core/fusion_planner.h"
 
 namespace hvdkeras {
@@ -59,8 +60,9 @@ std::string TensorArgs(const Request& r) {
 
 }  // namespace
 
-Status Executor::Open(const MpiContext* mpi, const EngineConfig& config) {
+Status Executor::Open(const MpiContext* mpi, const EngineConfig& config, int lane) {
   mpi_ = mpi;
+  gpu_.set_lane(lane);
   path_ = AllreducePath::kMpi;
   batches_run_ = 0;
   Status s = topology_.Open(mpi->comm(), config.shm_allreduce, config.hierarchical_allreduce);
@@ -101,19 +103,35 @@ Status Executor::ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingO
   if (!s.ok()) return s;
   ctx.device = gpu_.device();
   ctx.device_comm = gpu_.communicator();
-  ctx.device_ordinal = gpu_.ordinal();
+  ctx.device_lane = gpu_.lane();
   switch (batch[0]->request.op_type) {
-    case OpType::kAllreduce: return RunDeviceAllreduce(ctx, batch);
-    case OpType::kBroadcast: return RunDeviceBroadcast(ctx, batch);
-    case OpType::kAllgather: return RunDeviceAllgather(ctx, batch);
-    case OpType::kAlltoall: return RunDeviceAlltoall(ctx, batch[0]);
-    case OpType::kReducescatter: return RunDeviceReducescatter(ctx, batch);
+    case OpType::kAllreduce: s = RunDeviceAllreduce(ctx, batch); break;
+    case OpType::kBroadcast: s = RunDeviceBroadcast(ctx, batch); break;
+    case OpType::kAllgather: s = RunDeviceAllgather(ctx, batch); break;
+    case OpType::kAlltoall: s = RunDeviceAlltoall(ctx, batch[0]); break;
+    case OpType::kReducescatter: s = RunDeviceReducescatter(ctx, batch); break;
     default:
       return Status::Error(StatusCode::kInvalidArgument,
                            std::string(OpTypeName(batch[0]->request.op_type)) +
                                " has no GPU version");
   }
+  if (!s.ok()) FinishFailedDeviceBatch(ctx, batch);
+  return s;
 }
+
+void Executor::FinishFailedDeviceBatch(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  // Work may already be queued on the lane's stream with the batch's
+  // buffers: the framework streams wait for it before the ops' done
+  // callbacks let the framework reuse those buffers (Note [stream order]);
+  // where even that fails, the host waits for the lane's stream. (Ready
+  // events never waited for are released by Engine::Finish.)
+  if (ctx.device == nullptr) return;
+  if (!device_steps::ReleaseStreams(ctx, batch).ok()) {
+    ctx.device->Synchronize(ctx.device_lane);
+  }
+}
+
+Status Executor::DeviceHealth() { return gpu_.Health(); }
 
 std::vector<Status> Executor::Execute(const std::vector<PendingOp*>& ready,
                                       int64_t fusion_threshold, Timeline* timeline) {

@@ -25,7 +25,8 @@ namespace hvdkeras {
 class Executor {
  public:
   // Collective (the shared-memory window is made by all ranks together).
-  Status Open(const MpiContext* mpi, const EngineConfig& config);
+  // `lane` is the engine's process set id (Note [device lanes] in device.h).
+  Status Open(const MpiContext* mpi, const EngineConfig& config, int lane);
   // `collective` false only forgets the window (after a failure, when the
   // other ranks may not get here).
   void Close(bool collective);
@@ -36,6 +37,9 @@ class Executor {
   // The way large CPU allreduces go (fixed at Open).
   AllreducePath allreduce_path() const { return path_; }
 
+  // OK, or the error the GPU communicator met on its own (device_session.h).
+  Status DeviceHealth();
+
   // Runs `ready` in order, fused into batches of at most `fusion_threshold`
   // bytes; returns one status per op. `timeline` is null unless tracing.
   std::vector<Status> Execute(const std::vector<PendingOp*>& ready, int64_t fusion_threshold,
@@ -44,6 +48,7 @@ class Executor {
  private:
   Status ExecuteBatch(const std::vector<PendingOp*>& batch, Timeline* timeline);
   Status ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingOp*>& batch);
+  void FinishFailedDeviceBatch(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 
   const MpiContext* mpi_ = nullptr;
   FusionBuffer fusion_buffer_;

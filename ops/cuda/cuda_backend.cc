@@ -37,7 +37,8 @@ Device* GetDevice(std::string* why_not) { return CudaDevice::Get(why_not); }
 
 Status Compile(const std::string& arch, int64_t* bytes) {
   std::string cubin;
-  Status s = CompileKernels(arch, &cubin);
+  bool from_cache = false;
+  Status s = CachedKernels(arch, &cubin, &from_cache);
   if (s.ok()) *bytes = static_cast<int64_t>(cubin.size());
   return s;
 }
@@ -50,6 +51,7 @@ const bool kRegistered = [] {
   backend.make_communicator = &MakeNcclCommunicator;
   backend.build_info = &BuildInfo;
   backend.set_library_dirs = &SetLibraryDirs;
+  backend.set_kernel_cache_dir = &SetKernelCacheDir;
   backend.compile_kernels = &Compile;
   backend.probe_copies = &ProbeCopies;
   RegisterDeviceBackend(backend);

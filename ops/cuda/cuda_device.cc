@@ -108,7 +108,8 @@ Status CudaDevice::Check(cudaError_t result, const char* what) const {
   return Status::Error(StatusCode::kPreconditionError, message);
 }
 
-Status CudaDevice::Enter(int device, PerGpu** gpu) {
+Status CudaDevice::Enter(const DeviceLane& where, PerLane** lane) {
+  const int device = where.device;
   if (device < 0 || device >= count_) {
     return Status::Error(StatusCode::kInvalidArgument,
                          "hvdkeras GPU: device " + std::to_string(device) + " does not exist (" +
@@ -116,17 +117,15 @@ Status CudaDevice::Enter(int device, PerGpu** gpu) {
   }
   Status s = Check(rt_->cudaSetDevice(device), "selecting the GPU");
   if (!s.ok()) return s;
-  // The engine thread is the user; the bandwidth probe may be another.
+  // Engine threads (one per process set), pin_gpu()'s warm-up and the
+  // bandwidth probe may all get here; the tables are shared, each lane's
+  // contents belong to its engine thread.
   std::lock_guard<std::mutex> lock(gpus_mu_);
   if (gpus_.empty()) gpus_.resize(count_);
   if (!gpus_[device]) gpus_[device] = std::make_unique<PerGpu>();
   PerGpu& g = *gpus_[device];
   if (!g.ready) {
     s = Check(rt_->cudaFree(nullptr), "starting the GPU context");
-    if (s.ok()) {
-      s = Check(rt_->cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking),
-                "creating the engine stream");
-    }
     int pools = 0;
     if (s.ok() && rt_->cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) ==
                       cudaSuccess) {
@@ -136,21 +135,37 @@ Status CudaDevice::Enter(int device, PerGpu** gpu) {
     if (!s.ok()) return s;
     g.ready = true;
   }
-  *gpu = &g;
+  std::unique_ptr<PerLane>& entry = lanes_[{device, where.lane}];
+  if (!entry) {
+    auto made = std::make_unique<PerLane>();
+    made->gpu = &g;
+    s = Check(rt_->cudaStreamCreateWithFlags(&made->stream, cudaStreamNonBlocking),
+              "creating the engine stream");
+    if (!s.ok()) return s;
+    entry = std::move(made);
+  }
+  *lane = entry.get();
   return Status::OK();
 }
 
-Status CudaDevice::EngineStream(int device, cudaStream_t* stream) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
-  if (s.ok()) *stream = g->stream;
+Status CudaDevice::Prepare(const DeviceLane& where) {
+  DeviceGuard guard(*rt_);  // may run on a framework thread (pin_gpu)
+  PerLane* lane = nullptr;
+  return Enter(where, &lane);
+}
+
+Status CudaDevice::EngineStream(const DeviceLane& where, cudaStream_t* stream) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
+  if (s.ok()) *stream = lane->stream;
   return s;
 }
 
-Status CudaDevice::Drain(int device) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
-  return s.ok() ? Check(rt_->cudaStreamSynchronize(g->stream), "finishing the engine stream") : s;
+Status CudaDevice::Synchronize(const DeviceLane& where) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
+  return s.ok() ? Check(rt_->cudaStreamSynchronize(lane->stream), "finishing the engine stream")
+                : s;
 }
 
 Status CudaDevice::TakeEvent(int device, PooledEvent** event) {
@@ -194,13 +209,13 @@ Status CudaDevice::RecordReady(int device, void* framework_stream, void** event)
 
 void CudaDevice::Discard(void* event) { GiveEvent(static_cast<PooledEvent*>(event)); }
 
-Status CudaDevice::WaitFor(int device, void* event) {
+Status CudaDevice::WaitFor(const DeviceLane& where, void* event) {
   PooledEvent* e = static_cast<PooledEvent*>(event);
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
   // The wait binds to the event's latest record now, so the event can be
   // reused at once.
-  if (s.ok()) s = Check(rt_->cudaStreamWaitEvent(g->stream, e->event, 0), "waiting for inputs");
+  if (s.ok()) s = Check(rt_->cudaStreamWaitEvent(lane->stream, e->event, 0), "waiting for inputs");
   GiveEvent(e);
   return s;
 }
@@ -215,85 +230,91 @@ Status CudaDevice::Order(int device, cudaStream_t signaller, cudaStream_t waiter
   return s;
 }
 
-Status CudaDevice::WaitForStream(int device, void* framework_stream) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
-  return s.ok() ? Order(device, static_cast<cudaStream_t>(framework_stream), g->stream) : s;
+Status CudaDevice::WaitForStream(const DeviceLane& where, void* framework_stream) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
+  return s.ok() ? Order(where.device, static_cast<cudaStream_t>(framework_stream), lane->stream)
+                : s;
 }
 
-Status CudaDevice::Release(int device, void* framework_stream) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
-  return s.ok() ? Order(device, g->stream, static_cast<cudaStream_t>(framework_stream)) : s;
+Status CudaDevice::Release(const DeviceLane& where, void* framework_stream) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
+  return s.ok() ? Order(where.device, lane->stream, static_cast<cudaStream_t>(framework_stream))
+                : s;
 }
 
-Status CudaDevice::Grow(PerGpu& g, ScratchBuffer& buffer, int64_t bytes) {
+Status CudaDevice::Grow(PerLane& lane, ScratchBuffer& buffer, int64_t bytes) {
+  const PerGpu& g = *lane.gpu;
   const int64_t grown = std::max(bytes, buffer.bytes + buffer.bytes / 2);
   const int64_t wanted = (grown + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
   Status s = Status::OK();
-  if (!g.async_memory) s = Check(rt_->cudaStreamSynchronize(g.stream), "finishing the engine stream");
+  if (!g.async_memory) {
+    s = Check(rt_->cudaStreamSynchronize(lane.stream), "finishing the engine stream");
+  }
   if (s.ok() && buffer.data != nullptr) {
-    // Stream-ordered: the old buffer is freed after the work queued on it.
-    s = Check(g.async_memory ? rt_->cudaFreeAsync(buffer.data, g.stream)
+    // Stream-ordered on the lane's own stream, the only one that uses this
+    // buffer: the old buffer is freed after the work queued on it.
+    s = Check(g.async_memory ? rt_->cudaFreeAsync(buffer.data, lane.stream)
                              : rt_->cudaFree(buffer.data),
               "freeing GPU scratch memory");
     buffer = {};
   }
   if (!s.ok()) return s;
   s = Check(g.async_memory
-                ? rt_->cudaMallocAsync(&buffer.data, static_cast<size_t>(wanted), g.stream)
+                ? rt_->cudaMallocAsync(&buffer.data, static_cast<size_t>(wanted), lane.stream)
                 : rt_->cudaMalloc(&buffer.data, static_cast<size_t>(wanted)),
             "allocating GPU scratch memory");
   if (s.ok()) buffer.bytes = wanted;
   return s;
 }
 
-Status CudaDevice::Scratch(int device, int slot, int64_t bytes, void** data) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
+Status CudaDevice::Scratch(const DeviceLane& where, int slot, int64_t bytes, void** data) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
   if (!s.ok()) return s;
-  if (static_cast<int>(g->scratch.size()) <= slot) g->scratch.resize(slot + 1);
-  ScratchBuffer& buffer = g->scratch[slot];
+  if (static_cast<int>(lane->scratch.size()) <= slot) lane->scratch.resize(slot + 1);
+  ScratchBuffer& buffer = lane->scratch[slot];
   if (buffer.bytes < bytes) {
-    s = Grow(*g, buffer, bytes);
+    s = Grow(*lane, buffer, bytes);
     if (!s.ok()) return s;
   }
   *data = buffer.data;
   return Status::OK();
 }
 
-Status CudaDevice::CopyScaled(int device, DataType dtype, const std::vector<DeviceCopy>& copies,
-                              double factor) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
-  return s.ok() ? g->kernels.CopyScaled(dtype, copies, factor, g->stream) : s;
+Status CudaDevice::CopyScaled(const DeviceLane& where, DataType dtype,
+                              const std::vector<DeviceCopy>& copies, double factor) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
+  return s.ok() ? lane->gpu->kernels.CopyScaled(dtype, copies, factor, lane->stream) : s;
 }
 
-Status CudaDevice::Finalize(int device, DataType dtype, void* data, int64_t count, int divisor,
-                            double factor) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
+Status CudaDevice::Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count,
+                            int divisor, double factor) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
   if (!s.ok() || count == 0) return s;
-  return g->kernels.Finalize(dtype, data, count, divisor, factor, g->stream);
+  return lane->gpu->kernels.Finalize(dtype, data, count, divisor, factor, lane->stream);
 }
 
-Status CudaDevice::FillNeutral(int device, DataType dtype, ReduceOp op, void* data,
+Status CudaDevice::FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
                                int64_t count) {
   const NeutralKind kind = NeutralKindOf(op);
   if (kind == kNeutralZero) {
-    return Zero(device, data, count * static_cast<int64_t>(DataTypeSize(dtype)));
+    return Zero(where, data, count * static_cast<int64_t>(DataTypeSize(dtype)));
   }
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
   if (!s.ok() || count == 0) return s;
-  return g->kernels.Fill(dtype, data, count, kind, g->stream);
+  return lane->gpu->kernels.Fill(dtype, data, count, kind, lane->stream);
 }
 
-Status CudaDevice::Zero(int device, void* data, int64_t bytes) {
-  PerGpu* g = nullptr;
-  Status s = Enter(device, &g);
+Status CudaDevice::Zero(const DeviceLane& where, void* data, int64_t bytes) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
   if (!s.ok() || bytes == 0) return s;
-  return Check(rt_->cudaMemsetAsync(data, 0, static_cast<size_t>(bytes), g->stream),
+  return Check(rt_->cudaMemsetAsync(data, 0, static_cast<size_t>(bytes), lane->stream),
                "zeroing GPU memory");
 }
 

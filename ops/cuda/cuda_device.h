@@ -1,12 +1,15 @@
-// The Device (core/device.h) on CUDA GPUs: one engine stream per GPU, pooled
-// events for the stream order of Note [stream order], stream-ordered scratch
-// memory, and the kernels of kernels.cu.
+// The Device (core/device.h) on CUDA GPUs: a stream and stream-ordered
+// scratch memory per lane of each GPU (Note [device lanes]), pooled events
+// for the stream order of Note [stream order], and the kernels of
+// kernels.cu, loaded once per GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -30,46 +33,50 @@ class CudaDevice : public Device {
   Status PointerDevice(const void* data, int* device) const override;
   Status RecordReady(int device, void* framework_stream, void** event) override;
   void Discard(void* event) override;
-  Status WaitFor(int device, void* event) override;
-  Status WaitForStream(int device, void* framework_stream) override;
-  Status Release(int device, void* framework_stream) override;
-  Status Scratch(int device, int slot, int64_t bytes, void** data) override;
-  Status CopyScaled(int device, DataType dtype, const std::vector<DeviceCopy>& copies,
+  Status Prepare(const DeviceLane& where) override;
+  Status WaitFor(const DeviceLane& where, void* event) override;
+  Status WaitForStream(const DeviceLane& where, void* framework_stream) override;
+  Status Release(const DeviceLane& where, void* framework_stream) override;
+  Status Synchronize(const DeviceLane& where) override;
+  Status Scratch(const DeviceLane& where, int slot, int64_t bytes, void** data) override;
+  Status CopyScaled(const DeviceLane& where, DataType dtype, const std::vector<DeviceCopy>& copies,
                     double factor) override;
-  Status Finalize(int device, DataType dtype, void* data, int64_t count, int divisor,
+  Status Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count, int divisor,
                   double factor) override;
-  Status FillNeutral(int device, DataType dtype, ReduceOp op, void* data,
+  Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
                      int64_t count) override;
-  Status Zero(int device, void* data, int64_t bytes) override;
+  Status Zero(const DeviceLane& where, void* data, int64_t bytes) override;
 
-  // The engine stream of `device` (made on first use), for the communicator.
-  Status EngineStream(int device, cudaStream_t* stream);
-  // Waits until the engine stream of `device` has finished: only when the
-  // engine shuts down, never on the hot path.
-  Status Drain(int device);
+  // The stream of the lane `where` (made on first use), for the communicator.
+  Status EngineStream(const DeviceLane& where, cudaStream_t* stream);
 
  private:
   struct ScratchBuffer {
     void* data = nullptr;
     int64_t bytes = 0;
   };
-  // What the engine keeps per GPU; made on the engine thread's first use.
+  // What the GPU shares between lanes, made once (under gpus_mu_): the
+  // context and the kernels.
   struct PerGpu {
-    cudaStream_t stream = nullptr;
     Kernels kernels;
-    std::vector<ScratchBuffer> scratch;
     // Stream-ordered allocation (cudaMallocAsync) is available; without it
-    // growing scratch waits for the engine stream (rare, and only on growth).
+    // growing scratch waits for the lane's stream (rare, and only on growth).
     bool async_memory = true;
     bool ready = false;
+  };
+  // What one engine's lane keeps on a GPU; used by that engine's thread only.
+  struct PerLane {
+    PerGpu* gpu = nullptr;
+    cudaStream_t stream = nullptr;
+    std::vector<ScratchBuffer> scratch;
   };
 
   CudaDevice(const Runtime* rt, const Driver* driver, int count)
       : rt_(rt), driver_(driver), count_(count) {}
   Status Check(cudaError_t result, const char* what) const;
-  Status Grow(PerGpu& g, ScratchBuffer& buffer, int64_t bytes);
-  // Makes `device` current on the calling thread and its state ready.
-  Status Enter(int device, PerGpu** gpu);
+  Status Grow(PerLane& lane, ScratchBuffer& buffer, int64_t bytes);
+  // Makes `where.device` current on the calling thread and the lane ready.
+  Status Enter(const DeviceLane& where, PerLane** lane);
   // Events are pooled per GPU: taken on framework threads or the engine's,
   // and given back on the engine's once a stream has been made to wait.
   struct PooledEvent {
@@ -84,8 +91,9 @@ class CudaDevice : public Device {
   const Runtime* rt_;
   const Driver* driver_;
   const int count_;
-  std::mutex gpus_mu_;
+  std::mutex gpus_mu_;  // guards the tables below (not the lanes' contents)
   std::vector<std::unique_ptr<PerGpu>> gpus_;
+  std::map<std::pair<int, int>, std::unique_ptr<PerLane>> lanes_;  // (device, lane)
   std::mutex events_mu_;
   std::vector<PooledEvent*> free_events_;
 };

@@ -1,6 +1,13 @@
 #include "cuda/cuda_kernels.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <sstream>
 
 // kKernelSource, kKernelHeaderNames, kKernelHeaderTexts, kKernelHeaderCount:
 // kernels.cu and the core headers it includes, as text, generated at build
@@ -55,7 +62,97 @@ Status RuntimeStatus(const Runtime& rt, cudaError_t result, const char* what) {
   return Failed(std::string(what) + " failed: " + rt.cudaGetErrorString(result));
 }
 
+std::mutex& CacheMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::string& CacheDir() {
+  static std::string dir;
+  return dir;
+}
+
+// FNV-1a: a hash that is the same in every build and process.
+uint64_t SourceHash() {
+  uint64_t h = 1469598103934665603ull;
+  auto add = [&h](const char* text) {
+    for (const char* c = text; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;  // a separator between texts
+  };
+  add(kKernelSource);
+  for (int i = 0; i < kKernelHeaderCount; ++i) {
+    add(kKernelHeaderNames[i]);
+    add(kKernelHeaderTexts[i]);
+  }
+  return h;
+}
+
+// The cache file for `arch` ("" when there is no cache or no NVRTC).
+std::string CachePath(const std::string& arch) {
+  std::string dir;
+  {
+    std::lock_guard<std::mutex> lock(CacheMutex());
+    dir = CacheDir();
+  }
+  std::string why;
+  const Nvrtc* nvrtc = LoadNvrtc(&why);
+  if (dir.empty() || nvrtc == nullptr) return "";
+  int major = 0, minor = 0;
+  nvrtc->nvrtcVersion(&major, &minor);
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(SourceHash()));
+  return dir + "/kernels-" + arch + "-nvrtc" + std::to_string(major) + "." +
+         std::to_string(minor) + "-" + hash + ".cubin";
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream text;
+  text << in.rdbuf();
+  *out = text.str();
+  return !out->empty();
+}
+
+// Writes atomically (a temporary file renamed into place), so ranks that
+// compile at the same time never read half a file. Failing is harmless:
+// the next process compiles again.
+void WriteFile(const std::string& path, const std::string& data) {
+  const std::string dir = path.substr(0, path.rfind('/'));
+  for (size_t at = 1; at != std::string::npos; at = dir.find('/', at + 1)) {
+    mkdir(dir.substr(0, at).c_str(), 0755);
+  }
+  mkdir(dir.c_str(), 0755);
+  const std::string tmp = path + "." + std::to_string(getpid()) + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    if (!out) {
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+}
+
 }  // namespace
+
+void SetKernelCacheDir(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  CacheDir() = dir;
+}
+
+Status CachedKernels(const std::string& arch, std::string* cubin, bool* from_cache) {
+  *from_cache = false;
+  const std::string cached = CachePath(arch);
+  if (!cached.empty() && ReadFile(cached, cubin)) {
+    *from_cache = true;
+    return Status::OK();
+  }
+  Status s = CompileKernels(arch, cubin);
+  if (s.ok() && !cached.empty()) WriteFile(cached, *cubin);
+  return s;
+}
 
 Status CompileKernels(const std::string& arch, std::string* cubin) {
   std::string why;
@@ -109,12 +206,25 @@ Status Kernels::Load(const Runtime& rt, const Driver& driver, int device) {
                       "reading the multiprocessor count");
   }
   if (!s.ok()) return s;
+  const std::string arch = "sm_" + std::to_string(major) + std::to_string(minor);
   std::string cubin;
-  s = CompileKernels("sm_" + std::to_string(major) + std::to_string(minor), &cubin);
+  bool from_cache = false;
+  s = CachedKernels(arch, &cubin, &from_cache);
   if (!s.ok()) return s;
   CUmodule module = nullptr;  // kept for the life of the process
-  s = DriverStatus(driver, driver.cuModuleLoadData(&module, cubin.data()), "loading the kernels");
-  if (!s.ok()) return s;
+  if (driver.cuModuleLoadData(&module, cubin.data()) != CUDA_SUCCESS && from_cache) {
+    // A damaged cache entry: compile afresh and replace it.
+    module = nullptr;
+    s = CompileKernels(arch, &cubin);
+    if (!s.ok()) return s;
+    const std::string cached = CachePath(arch);
+    if (!cached.empty()) WriteFile(cached, cubin);
+  }
+  if (module == nullptr) {
+    s = DriverStatus(driver, driver.cuModuleLoadData(&module, cubin.data()),
+                     "loading the kernels");
+    if (!s.ok()) return s;
+  }
   s = DriverStatus(driver, driver.cuModuleGetFunction(&copy_bytes_, module, "hvdkeras_copy_bytes"),
                    "finding hvdkeras_copy_bytes");
   typed_.assign(kTypedCount, Typed{});

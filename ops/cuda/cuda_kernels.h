@@ -16,10 +16,20 @@ namespace cuda {
 // Compiles kernels.cu for `arch` ("sm_90"). Needs NVRTC but no GPU.
 Status CompileKernels(const std::string& arch, std::string* cubin);
 
+// The kernels for `arch`: read from the cache when an earlier process kept
+// them there, else compiled and kept. No GPU needed.
+Status CachedKernels(const std::string& arch, std::string* cubin, bool* from_cache);
+
+// Where compiled kernels are kept between runs ("" : not kept), keyed by
+// architecture, NVRTC version and the kernels' source: a process pays for
+// NVRTC once per machine instead of at every rank's first GPU collective.
+void SetKernelCacheDir(const std::string& dir);
+
 // The kernels loaded into the current context of one GPU.
 class Kernels {
  public:
-  // Compiles for the current GPU and loads the result.
+  // Loads the kernels for the current GPU: from the cache when it holds
+  // them, else compiled (and then kept in the cache).
   Status Load(const Runtime& rt, const Driver& driver, int device);
 
   // One launch per kMaxCopiesPerLaunch copies; a factor of 1 copies bytes.

@@ -1,5 +1,6 @@
 #include "cuda/cuda_libraries.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <link.h>
 
@@ -104,9 +105,40 @@ const Driver* LoadDriver(std::string* why) {
   });
 }
 
+namespace {
+
+// NVRTC opens its builtins library (libnvrtc-builtins.so.<version>) by name
+// when it first compiles; loaded from a pip wheel's folder, which is on no
+// search path, that lookup fails and so would every GPU collective. Opening
+// it first from NVRTC's own folder makes the later lookup find it loaded.
+void PreloadNvrtcBuiltins(void* nvrtc) {
+  link_map* map = nullptr;
+  if (dlinfo(nvrtc, RTLD_DI_LINKMAP, &map) != 0 || map == nullptr || map->l_name == nullptr) {
+    return;
+  }
+  const std::string path = map->l_name;
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return;
+  const std::string dir = path.substr(0, slash);
+  DIR* listing = opendir(dir.c_str());
+  if (listing == nullptr) return;
+  const std::string prefix = "libnvrtc-builtins.so";
+  std::string found;
+  while (dirent* entry = readdir(listing)) {
+    const std::string name = entry->d_name;
+    // The versioned name (libnvrtc-builtins.so.12.5) is the one asked for.
+    if (name.compare(0, prefix.size(), prefix) == 0 && name.size() > found.size()) found = name;
+  }
+  closedir(listing);
+  if (!found.empty()) dlopen((dir + "/" + found).c_str(), RTLD_NOW | RTLD_GLOBAL);
+}
+
+}  // namespace
+
 const Nvrtc* LoadNvrtc(std::string* why) {
   return LoadOnce<Nvrtc>(kNvrtcName, why, [](void* handle, Nvrtc* t, std::string* missing) {
     HVDKERAS_NVRTC_FUNCTIONS(HVDKERAS_FIND)
+    if (missing->empty()) PreloadNvrtcBuiltins(handle);
   });
 }
 

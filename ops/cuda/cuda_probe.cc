@@ -13,6 +13,8 @@ namespace cuda {
 namespace {
 
 constexpr int64_t kAlignment = 256;  // as the engine's fused buffers
+// Engines use their process set id (>= 0) as their lane.
+constexpr int kProbeLane = -1;
 
 // Milliseconds `run` takes on `stream`, per repetition.
 template <typename Run>
@@ -49,8 +51,10 @@ Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double resul
                          "hvdkeras GPU probe: give tensors >= 1, bytes_each a multiple of 4, "
                          "iterations >= 1");
   }
+  // A lane of its own on GPU 0, so a probe never queues on an engine's.
+  const DeviceLane probe{0, kProbeLane};
   cudaStream_t stream = nullptr;
-  Status s = device->EngineStream(0, &stream);
+  Status s = device->EngineStream(probe, &stream);
   if (!s.ok()) return s;
   const PackingPlan plan =
       PlanPacking(std::vector<int64_t>(tensors, bytes_each), kAlignment, kMaxCopiesPerLaunch);
@@ -71,8 +75,8 @@ Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double resul
   }
   auto pack_and_unpack = [&](double factor) {
     return [&, factor]() {
-      Status r = device->CopyScaled(0, DataType::kFloat32, in, factor);
-      return r.ok() ? device->CopyScaled(0, DataType::kFloat32, out, factor) : r;
+      Status r = device->CopyScaled(probe, DataType::kFloat32, in, factor);
+      return r.ok() ? device->CopyScaled(probe, DataType::kFloat32, out, factor) : r;
     };
   };
   auto plain = [&]() {

@@ -49,14 +49,14 @@ std::string NcclVersionText(int code) {
 
 class NcclCommunicator : public DeviceCommunicator {
  public:
-  NcclCommunicator(const Nccl* nccl, CudaDevice* device, int gpu, cudaStream_t stream,
-                   ncclComm_t comm)
-      : nccl_(nccl), device_(device), gpu_(gpu), stream_(stream), comm_(comm) {}
+  NcclCommunicator(const Nccl* nccl, CudaDevice* device, const DeviceLane& where,
+                   cudaStream_t stream, ncclComm_t comm)
+      : nccl_(nccl), device_(device), where_(where), stream_(stream), comm_(comm) {}
 
   ~NcclCommunicator() override {
     if (comm_ == nullptr) return;
     // An orderly end: the queued work finishes before the communicator goes.
-    device_->Drain(gpu_);
+    device_->Synchronize(where_);
     nccl_->ncclCommDestroy(comm_);
   }
 
@@ -109,6 +109,17 @@ class NcclCommunicator : public DeviceCommunicator {
     return s.ok() ? ended : s;
   }
 
+  Status AsyncError() override {
+    if (comm_ == nullptr) return Status::OK();
+    ncclResult_t error = ncclSuccess;
+    Status s = NcclStatus(*nccl_, nccl_->ncclCommGetAsyncError(comm_, &error),
+                          "asking the communicator for errors");
+    if (s.ok() && error != ncclSuccess && error != ncclInProgress) {
+      s = NcclStatus(*nccl_, error, "the communicator (a peer is gone or the network failed)");
+    }
+    return s;
+  }
+
   void Abort() override {
     if (comm_ == nullptr) return;
     nccl_->ncclCommAbort(comm_);
@@ -124,7 +135,7 @@ class NcclCommunicator : public DeviceCommunicator {
 
   const Nccl* nccl_;
   CudaDevice* device_;
-  int gpu_;
+  DeviceLane where_;
   cudaStream_t stream_;
   ncclComm_t comm_;
 };
@@ -143,7 +154,7 @@ Status NewNcclId(std::string* id) {
   return s;
 }
 
-Status MakeNcclCommunicator(const std::string& id, int rank, int size, int device,
+Status MakeNcclCommunicator(const std::string& id, int rank, int size, const DeviceLane& where,
                             std::unique_ptr<DeviceCommunicator>* out) {
   std::string why;
   const Nccl* nccl = LoadNccl(&why);
@@ -157,12 +168,12 @@ Status MakeNcclCommunicator(const std::string& id, int rank, int size, int devic
   }
   std::memcpy(unique.internal, id.data(), id.size());
   cudaStream_t stream = nullptr;
-  Status s = cuda->EngineStream(device, &stream);  // also makes `device` current
+  Status s = cuda->EngineStream(where, &stream);  // also makes its GPU current
   if (!s.ok()) return s;
   ncclComm_t comm = nullptr;
   s = NcclStatus(*nccl, nccl->ncclCommInitRank(&comm, size, unique, rank),
                  "making the communicator");
-  if (s.ok()) out->reset(new NcclCommunicator(nccl, cuda, device, stream, comm));
+  if (s.ok()) out->reset(new NcclCommunicator(nccl, cuda, where, stream, comm));
   return s;
 }
 

@@ -1,5 +1,6 @@
 // The DeviceCommunicator (core/device.h) over NCCL: one communicator for all
-// ranks, its collectives queued on the engine stream of this rank's GPU.
+// ranks, its collectives queued on the stream of one engine lane (Note
+// [device lanes] in core/device.h) of this rank's GPU.
 #pragma once
 
 #include <memory>
@@ -16,7 +17,7 @@ namespace cuda {
 Status NewNcclId(std::string* id);
 
 // Every rank calls this with the id rank 0 made; it returns once all have.
-Status MakeNcclCommunicator(const std::string& id, int rank, int size, int device,
+Status MakeNcclCommunicator(const std::string& id, int rank, int size, const DeviceLane& where,
                             std::unique_ptr<DeviceCommunicator>* out);
 
 // "NCCL 2.27.7 (built with 2.27.7)", or why NCCL cannot be loaded.

@@ -115,3 +115,42 @@ def test_xla_compiled_step_reduces_on_the_gpu():
             assert "GPU" in got.device, got.device
             expected = sum(2.0 * (np.arange(6).reshape(2, 3) + r) for r in range(WORLD_SIZE))
             assert_exact(got, expected.astype(np.float32))
+
+
+@pytest.mark.skipif(WORLD_SIZE < 2, reason="at 1 rank a one-rank set is the global set")
+def test_two_process_sets_reduce_on_one_gpu_at_once():
+    """Two engines run at once on one GPU, each on its own lane (Note [device
+    lanes] in ops/core/device.h): the global set's and this rank's own
+    one-rank set's fused batches, from two threads, stay exact."""
+    import threading
+
+    singles = [hvd.add_process_set([r]) for r in range(WORLD_SIZE)]
+    mine = singles[WORLD_RANK]
+    results, errors = {}, []
+
+    def reduce(which):
+        try:
+            with tf.device("/GPU:0"):
+                for step in range(20):
+                    value = float(WORLD_RANK + 1 + 10 * which)
+                    xs = [tf.fill([1000 + step, 3], value), tf.fill([7], value)]
+                    results[(which, step)] = hvd.grouped_allreduce(
+                        xs, op=hvd.Sum, name=f"lanes{which}.{step}",
+                        process_set=hvd.global_process_set if which == 0 else mine)
+        except Exception as e:  # reported on the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=reduce, args=(which,)) for which in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for ps in singles:
+        hvd.remove_process_set(ps)
+    assert not errors, errors
+    for (which, step), (big, small) in results.items():
+        total = (sum(r + 1 for r in range(WORLD_SIZE)) if which == 0
+                 else WORLD_RANK + 1 + 10)
+        assert "GPU" in big.device
+        assert_exact(big, np.full([1000 + step, 3], total, np.float32))
+        assert_exact(small, np.full([7], total, np.float32))

@@ -58,38 +58,44 @@ class HostDevice : public hvdkeras::Device {
     return Status::OK();
   }
   void Discard(void*) override {}
-  Status WaitFor(int, void*) override { return Status::OK(); }
-  Status WaitForStream(int, void* stream) override {
+  Status Prepare(const hvdkeras::DeviceLane&) override { return Status::OK(); }
+  Status WaitFor(const hvdkeras::DeviceLane&, void*) override { return Status::OK(); }
+  Status Synchronize(const hvdkeras::DeviceLane&) override {
+    g_log.push_back("synchronize");
+    return Status::OK();
+  }
+  Status WaitForStream(const hvdkeras::DeviceLane&, void* stream) override {
     g_log.push_back("wait " + Name(stream));
     return Status::OK();
   }
-  Status Release(int, void* stream) override {
+  Status Release(const hvdkeras::DeviceLane&, void* stream) override {
     g_log.push_back("release " + Name(stream));
     return Status::OK();
   }
-  Status Scratch(int, int slot, int64_t bytes, void** data) override {
+  Status Scratch(const hvdkeras::DeviceLane&, int slot, int64_t bytes, void** data) override {
     std::vector<char>& buffer = scratch_[slot];
     // Garbage, as fresh device memory would hold: nothing may rely on zeros.
     if (static_cast<int64_t>(buffer.size()) < bytes) buffer.assign(bytes, '\x5a');
     *data = buffer.data();
     return Status::OK();
   }
-  Status CopyScaled(int, DataType dtype, const std::vector<DeviceCopy>& copies,
-                    double factor) override {
+  Status CopyScaled(const hvdkeras::DeviceLane&, DataType dtype,
+                    const std::vector<DeviceCopy>& copies, double factor) override {
     g_log.push_back("copy");
     for (const DeviceCopy& c : copies) hvdkeras::ScaleCopy(dtype, c.src, c.dst, c.count, factor);
     return Status::OK();
   }
-  Status Finalize(int, DataType dtype, void* data, int64_t count, int divisor,
-                  double factor) override {
+  Status Finalize(const hvdkeras::DeviceLane&, DataType dtype, void* data, int64_t count,
+                  int divisor, double factor) override {
     hvdkeras::FinalizeCopy(dtype, data, data, count, divisor, factor);
     return Status::OK();
   }
-  Status FillNeutral(int, DataType dtype, ReduceOp op, void* data, int64_t count) override {
+  Status FillNeutral(const hvdkeras::DeviceLane&, DataType dtype, ReduceOp op, void* data,
+                     int64_t count) override {
     hvdkeras::FillNeutral(dtype, op, data, count);
     return Status::OK();
   }
-  Status Zero(int, void* data, int64_t bytes) override {
+  Status Zero(const hvdkeras::DeviceLane&, void* data, int64_t bytes) override {
     std::memset(data, 0, bytes);
     return Status::OK();
   }
@@ -132,6 +138,7 @@ class HostCommunicator : public hvdkeras::DeviceCommunicator {
     MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
     return Status::OK();
   }
+  Status AsyncError() override { return Status::OK(); }
   void Abort() override {}
 
  private:
@@ -153,7 +160,7 @@ struct World {
     hvdkeras::ExecContext ctx{mpi, buffer, nullptr, &blocks, nullptr};
     ctx.device = &device;
     ctx.device_comm = comm.get();
-    ctx.device_ordinal = 0;
+    ctx.device_lane = {0, 0};
     return ctx;
   }
   int rank() const { return mpi.rank(); }

@@ -1,0 +1,517 @@
+// The engine's GPU paths end to end (engine thread, negotiation, DeviceSession,
+// collective_device_*.cc), on real MPI ranks with a STAND-IN device backend
+// registered in place of CUDA and NCCL: LaneDevice keeps "device" memory on
+// the host and records, per lane (Note [device lanes] in core/device.h),
+// which thread used it and every stream wait and release; LaneCommunicator
+// moves host bytes over an MPI communicator of its own per lane. No GPU can
+// run here, so the stand-ins do only what the engine asks of a device, with
+// failures injected where a real one could fail. What is checked is the
+// engine's own logic:
+// * two process sets reduce at once, each on its own lane: no scratch
+//   buffer is shared, each lane is used by one thread only, results exact;
+// * a batch that fails after queueing work (scratch growth, the
+//   communicator's call, an output allocation) still makes the framework's
+//   streams wait before its ops' done callbacks run;
+// * a GPU set-up failure on one rank fails the first GPU collective on every
+//   rank with the reason, and a later one sets up and works;
+// * an error the communicator meets on its own ends the engine on every
+//   rank: the ops waiting fail with it;
+// * a rank whose first GPU batch holds only a joined rank's stand-ins uses
+//   the GPU it was pinned to.
+// Driven by tests/test_device_collectives.py under mpiexec with 2 and 3 ranks.
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/device.h"
+#include "core/engine.h"
+#include "core/engine_api.h"
+#include "core/scaling.h"
+#include "tests/harness.h"
+
+namespace {
+
+using hvdkeras::DataType;
+using hvdkeras::DeviceCopy;
+using hvdkeras::DeviceLane;
+using hvdkeras::DeviceSegment;
+using hvdkeras::ReduceOp;
+using hvdkeras::Status;
+using hvdkeras::StatusCode;
+using hvdkeras::TensorRef;
+
+struct MpiSession {
+  MpiSession() {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  }
+  ~MpiSession() { MPI_Finalize(); }
+} g_mpi;
+
+int Rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+Status Injected(const std::string& where) {
+  return Status::Error(StatusCode::kUnknown, "injected failure in " + where);
+}
+
+// What the engine asked of the stand-ins, in order, from every thread.
+std::mutex g_log_mu;
+std::vector<std::string> g_log;
+void Log(const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_log.push_back(line);
+}
+size_t Find(const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  for (size_t i = 0; i < g_log.size(); ++i) {
+    if (g_log[i] == line) return i;
+  }
+  return std::string::npos;
+}
+
+// Failures to inject, by name ("scratch", "allreduce", "prepare", "async").
+std::mutex g_fail_mu;
+std::set<std::string> g_fail;
+bool Failing(const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_fail_mu);
+  return g_fail.count(what) > 0;
+}
+void SetFailing(const std::string& what, bool on) {
+  std::lock_guard<std::mutex> lock(g_fail_mu);
+  if (on) {
+    g_fail.insert(what);
+  } else {
+    g_fail.erase(what);
+  }
+}
+
+std::string StreamName(void* stream) { return std::to_string(reinterpret_cast<intptr_t>(stream)); }
+
+class LaneDevice : public hvdkeras::Device {
+ public:
+  std::string Describe() const override { return "lane stand-in"; }
+  int DeviceCount() const override { return 2; }
+  std::string Identity(int device) const override {
+    return "stand-in GPU " + std::to_string(device) + " of rank " + std::to_string(Rank());
+  }
+  Status PointerDevice(const void*, int* device) const override {
+    *device = 0;
+    return Status::OK();
+  }
+  Status RecordReady(int, void*, void** event) override {
+    *event = nullptr;
+    return Status::OK();
+  }
+  void Discard(void*) override {}
+  Status Prepare(const DeviceLane& where) override {
+    Log("prepare " + std::to_string(where.device) + " " + std::to_string(where.lane));
+    return Failing("prepare") ? Injected("prepare") : Use(where);
+  }
+  Status WaitFor(const DeviceLane& where, void*) override { return Use(where); }
+  Status WaitForStream(const DeviceLane& where, void* stream) override {
+    Log("wait " + StreamName(stream));
+    return Use(where);
+  }
+  Status Release(const DeviceLane& where, void* stream) override {
+    Log("release " + StreamName(stream));
+    return Use(where);
+  }
+  Status Synchronize(const DeviceLane& where) override {
+    Log("synchronize");
+    return Use(where);
+  }
+  Status Scratch(const DeviceLane& where, int slot, int64_t bytes, void** data) override {
+    Status s = Use(where);
+    if (!s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<char>& buffer = scratch_[{where.device, where.lane}][slot];
+    if (static_cast<int64_t>(buffer.size()) < bytes) {
+      if (Failing("scratch")) return Injected("scratch growth");
+      buffer.assign(bytes, '\x5a');
+    }
+    *data = buffer.data();
+    owners_[*data].insert(where.lane);
+    return Status::OK();
+  }
+  Status CopyScaled(const DeviceLane& where, DataType dtype, const std::vector<DeviceCopy>& copies,
+                    double factor) override {
+    for (const DeviceCopy& c : copies) hvdkeras::ScaleCopy(dtype, c.src, c.dst, c.count, factor);
+    return Use(where);
+  }
+  Status Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count,
+                  int divisor, double factor) override {
+    hvdkeras::FinalizeCopy(dtype, data, data, count, divisor, factor);
+    return Use(where);
+  }
+  Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
+                     int64_t count) override {
+    hvdkeras::FillNeutral(dtype, op, data, count);
+    return Use(where);
+  }
+  Status Zero(const DeviceLane& where, void* data, int64_t bytes) override {
+    std::memset(data, 0, bytes);
+    return Use(where);
+  }
+
+  // Lanes whose scratch buffers another lane used too (none is allowed).
+  std::vector<void*> SharedBuffers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<void*> shared;
+    for (const auto& [buffer, lanes] : owners_) {
+      if (lanes.size() > 1) shared.push_back(buffer);
+    }
+    return shared;
+  }
+  // Lanes used by more than one thread (none is allowed).
+  std::vector<int> LanesOfSeveralThreads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int> out;
+    for (const auto& [lane, threads] : threads_) {
+      if (threads.size() > 1) out.push_back(lane.second);
+    }
+    return out;
+  }
+  std::set<int> DevicesUsed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<int> out;
+    for (const auto& [lane, threads] : threads_) out.insert(lane.first);
+    return out;
+  }
+
+ private:
+  Status Use(const DeviceLane& where) {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_[{where.device, where.lane}].insert(std::this_thread::get_id());
+    return Status::OK();
+  }
+
+  std::mutex mu_;
+  std::map<std::pair<int, int>, std::map<int, std::vector<char>>> scratch_;
+  std::map<void*, std::set<int>> owners_;
+  std::map<std::pair<int, int>, std::set<std::thread::id>> threads_;
+};
+
+LaneDevice& TheDevice() {
+  static LaneDevice* device = new LaneDevice();
+  return *device;
+}
+
+// One MPI communicator per lane, made by every rank at start.
+std::map<int, MPI_Comm>& LaneComms() {
+  static std::map<int, MPI_Comm> comms;
+  return comms;
+}
+
+class LaneCommunicator : public hvdkeras::DeviceCommunicator {
+ public:
+  explicit LaneCommunicator(MPI_Comm comm) : comm_(comm) {}
+  std::string Describe() const override { return "MPI lane stand-in"; }
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override {
+    if (Failing("allreduce")) return Injected("the communicator's allreduce");
+    if (send != recv) std::memcpy(recv, send, count * hvdkeras::DataTypeSize(dtype));
+    MPI_Datatype type = dtype == DataType::kFloat32 ? MPI_FLOAT : MPI_INT32_T;
+    MPI_Allreduce(MPI_IN_PLACE, recv, static_cast<int>(count), type,
+                  op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, comm_);
+    return Status::OK();
+  }
+  Status Broadcast(void* data, int64_t bytes, int root) override {
+    MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_);
+    return Status::OK();
+  }
+  Status Exchange(const std::vector<DeviceSegment>& sends,
+                  const std::vector<DeviceSegment>& recvs) override {
+    std::vector<MPI_Request> requests;
+    for (const DeviceSegment& s : sends) {
+      requests.emplace_back();
+      MPI_Isend(s.data, static_cast<int>(s.bytes), MPI_BYTE, s.rank, 7, comm_, &requests.back());
+    }
+    for (const DeviceSegment& r : recvs) {
+      requests.emplace_back();
+      MPI_Irecv(r.data, static_cast<int>(r.bytes), MPI_BYTE, r.rank, 7, comm_, &requests.back());
+    }
+    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    return Status::OK();
+  }
+  Status AsyncError() override {
+    return Failing("async") ? Injected("the communicator (a lost peer)") : Status::OK();
+  }
+  void Abort() override { Log("abort"); }
+
+ private:
+  MPI_Comm comm_;
+};
+
+const bool kRegistered = [] {
+  hvdkeras::DeviceBackend backend;
+  backend.name = "stand-in";
+  backend.device = [](std::string*) -> hvdkeras::Device* { return &TheDevice(); };
+  backend.new_unique_id = [](std::string* id) {
+    *id = "stand-in id";
+    return Status::OK();
+  };
+  backend.make_communicator = [](const std::string&, int, int, const DeviceLane& where,
+                                 std::unique_ptr<hvdkeras::DeviceCommunicator>* out) {
+    out->reset(new LaneCommunicator(LaneComms().at(where.lane)));
+    return Status::OK();
+  };
+  hvdkeras::RegisterDeviceBackend(backend);
+  return true;
+}();
+
+// A GPU tensor of float32 values (host memory here) and its completion.
+struct Op {
+  std::vector<float> input, output;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  void* stream = nullptr;
+
+  TensorRef Ref(int64_t n, float value, void* framework_stream, bool lazy = false) {
+    input.assign(n, value);
+    output.assign(n, -1.0f);
+    stream = framework_stream;
+    TensorRef ref;
+    ref.dtype = DataType::kFloat32;
+    ref.shape = {n};
+    ref.input = input.data();
+    ref.device = 0;
+    ref.framework_stream = framework_stream;
+    if (lazy) {
+      ref.allocate_output = [this](const hvdkeras::Shape& s, void** data) {
+        if (Failing("allocate")) return Injected("an output allocation");
+        output.assign(hvdkeras::NumElements(s), -1.0f);
+        *data = output.data();
+        return Status::OK();
+      };
+    } else {
+      ref.output = output.data();
+    }
+    return ref;
+  }
+  hvdkeras::DoneCallback Done(const std::string& name) {
+    return [this, name](const Status& s) {
+      Log("done " + name);
+      std::lock_guard<std::mutex> lock(mu);
+      status = s;
+      done = true;
+      cv.notify_all();
+    };
+  }
+  Status Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(60), [this] { return done; });
+    return done ? status : Status::Error(StatusCode::kUnknown, "timed out");
+  }
+};
+
+hvdkeras::EngineConfig Config() {
+  hvdkeras::EngineConfig config;
+  config.stall_shutdown_seconds = 30;
+  return config;
+}
+
+void* FakeStream(int n) { return reinterpret_cast<void*>(static_cast<intptr_t>(0x1000 + n)); }
+
+// Starts the global engine and process set 1, both over all ranks.
+struct Engines {
+  MPI_Comm global = MPI_COMM_NULL, set = MPI_COMM_NULL;
+  Engines() {
+    MPI_Comm_dup(MPI_COMM_WORLD, &global);
+    MPI_Comm_dup(MPI_COMM_WORLD, &set);
+    if (LaneComms().empty()) {
+      MPI_Comm_dup(MPI_COMM_WORLD, &LaneComms()[0]);
+      MPI_Comm_dup(MPI_COMM_WORLD, &LaneComms()[1]);
+    }
+    CHECK(hvdkeras::Engine::Instance().Start(global, Config()).ok());
+    CHECK(hvdkeras::Engine::StartSet(1, set, Config()).ok());
+  }
+  ~Engines() {
+    hvdkeras::Engine::StopSet(1);
+    hvdkeras::Engine::Instance().Stop();
+    MPI_Comm_free(&set);
+    MPI_Comm_free(&global);
+  }
+};
+
+int Size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+float RankSum() { return static_cast<float>(Size() * (Size() + 1) / 2); }
+
+}  // namespace
+
+TEST(TwoProcessSetsReduceAtOnceOnLanesOfTheirOwn) {
+  Engines engines;
+  constexpr int kSteps = 40;
+  std::vector<std::unique_ptr<Op>> ops[2];
+  std::vector<Status> queued[2];
+  auto submit = [&](int set) {
+    for (int i = 0; i < kSteps; ++i) {
+      ops[set].push_back(std::make_unique<Op>());
+      Op& op = *ops[set].back();
+      const std::string name = "set" + std::to_string(set) + "." + std::to_string(i);
+      // Two tensors per collective, so it takes the fused buffer.
+      std::vector<TensorRef> refs{op.Ref(1000 + i, Rank() + 1.0f, FakeStream(set))};
+      Op& twin = *(ops[set].emplace_back(std::make_unique<Op>()));
+      refs.push_back(twin.Ref(7, Rank() + 1.0f, FakeStream(set)));
+      queued[set].push_back(hvdkeras::EnqueueAllreduce(name, refs, ReduceOp::kSum, 1.0, 1.0,
+                                                       set, op.Done(name)));
+      op.Wait();
+    }
+  };
+  std::thread a(submit, 0), b(submit, 1);
+  a.join();
+  b.join();
+  for (int set = 0; set < 2; ++set) {
+    for (const Status& s : queued[set]) CHECK(s.ok());
+    for (size_t i = 0; i < ops[set].size(); i += 2) {
+      CHECK(ops[set][i]->status.ok());
+      CHECK_EQ(ops[set][i]->output.front(), RankSum());
+      CHECK_EQ(ops[set][i]->output.back(), RankSum());
+    }
+  }
+  CHECK(TheDevice().SharedBuffers().empty());
+  CHECK(TheDevice().LanesOfSeveralThreads().empty());
+}
+
+namespace {
+
+// Runs one fused allreduce of the global set with `failure` injected on
+// every rank; checks it fails and that its stream was released first.
+void FailsAfterQueueingAndReleasesFirst(const std::string& failure, bool gather) {
+  Engines engines;
+  SetFailing(failure, true);
+  Op a, b;
+  const std::string name = "fails." + failure;
+  std::vector<TensorRef> refs{a.Ref(4096, 1.0f, FakeStream(7), gather),
+                              b.Ref(5, 1.0f, FakeStream(7), gather)};
+  Status queued = gather ? hvdkeras::EnqueueAllgather(name, refs, 0, a.Done(name))
+                         : hvdkeras::EnqueueAllreduce(name, refs, ReduceOp::kSum, 1.0, 1.0, 0,
+                                                      a.Done(name));
+  CHECK(queued.ok());
+  const Status s = a.Wait();
+  SetFailing(failure, false);
+  CHECK(!s.ok());
+  CHECK(s.message.find("injected failure") != std::string::npos);
+  const size_t released = Find("release " + StreamName(FakeStream(7)));
+  const size_t done = Find("done " + name);
+  CHECK(released != std::string::npos);
+  CHECK(done != std::string::npos);
+  CHECK(released < done);
+}
+
+}  // namespace
+
+TEST(AFailedScratchGrowthReleasesTheStreamsBeforeDone) {
+  FailsAfterQueueingAndReleasesFirst("scratch", false);
+}
+
+TEST(AFailedCommunicatorCallReleasesTheStreamsBeforeDone) {
+  FailsAfterQueueingAndReleasesFirst("allreduce", false);
+}
+
+TEST(AFailedOutputAllocationReleasesTheStreamsBeforeDone) {
+  FailsAfterQueueingAndReleasesFirst("allocate", true);
+}
+
+TEST(ASetUpFailureOnOneRankFailsEveryRankThenRecovers) {
+  Engines engines;
+  const bool broken = Rank() == Size() - 1;
+  SetFailing("prepare", broken);
+  Op first;
+  CHECK(hvdkeras::EnqueueAllreduce("setup.first", {first.Ref(8, 1.0f, FakeStream(1))},
+                                   ReduceOp::kSum, 1.0, 1.0, 0, first.Done("setup.first"))
+            .ok());
+  const Status s = first.Wait();
+  SetFailing("prepare", false);
+  CHECK(!s.ok());
+  if (broken) {
+    CHECK(s.message.find("on rank " + std::to_string(Rank()) + ", injected failure in prepare") !=
+          std::string::npos);
+  } else {
+    CHECK(s.message.find("another rank has no usable GPU") != std::string::npos);
+  }
+  Op second;
+  CHECK(hvdkeras::EnqueueAllreduce("setup.second", {second.Ref(8, Rank() + 1.0f, FakeStream(1))},
+                                   ReduceOp::kSum, 1.0, 1.0, 0, second.Done("setup.second"))
+            .ok());
+  CHECK(second.Wait().ok());
+  CHECK_EQ(second.output[0], RankSum());
+}
+
+TEST(AnAsyncCommunicatorErrorEndsTheEngine) {
+  Engines engines;
+  Op warm;
+  CHECK(hvdkeras::EnqueueAllreduce("async.warm", {warm.Ref(8, 1.0f, FakeStream(2))},
+                                   ReduceOp::kSum, 1.0, 1.0, 0, warm.Done("async.warm"))
+            .ok());
+  CHECK(warm.Wait().ok());
+  // An op submitted by rank 0 alone waits for the others; then every
+  // rank's communicator learns of an error: the op fails with it.
+  Op waiting;
+  if (Rank() == 0) {
+    CHECK(hvdkeras::EnqueueAllreduce("async.waiting", {waiting.Ref(8, 1.0f, FakeStream(2))},
+                                     ReduceOp::kSum, 1.0, 1.0, 0, waiting.Done("async.waiting"))
+              .ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  SetFailing("async", true);
+  if (Rank() == 0) {
+    const Status s = waiting.Wait();
+    CHECK(!s.ok());
+    CHECK(s.message.find("the GPU communicator failed") != std::string::npos);
+  }
+  // The engine stopped: nothing more is accepted.
+  for (int i = 0; i < 200 && hvdkeras::Engine::Instance().running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(!hvdkeras::Engine::Instance().running());
+  CHECK(Find("abort") != std::string::npos);
+  SetFailing("async", false);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(AJoinedRanksFirstGpuBatchUsesItsPinnedGpu) {
+  Engines engines;
+  hvdkeras::SetPinnedDevice(1);
+  const bool joins = Rank() == Size() - 1;
+  int32_t last = -1;
+  Op join, op;
+  if (joins) {
+    CHECK(hvdkeras::EnqueueJoin("hvdkeras.join", &last, join.Done("join")).ok());
+  } else {
+    TensorRef ref = op.Ref(8, 1.0f, FakeStream(3));
+    ref.device = 1;
+    CHECK(hvdkeras::EnqueueAllreduce("joined.step", {ref}, ReduceOp::kSum, 1.0, 1.0, 0,
+                                     op.Done("joined.step"))
+              .ok());
+    CHECK(op.Wait().ok());
+    CHECK_EQ(op.output[0], static_cast<float>(Size() - 1));
+    CHECK(hvdkeras::EnqueueJoin("hvdkeras.join", &last, join.Done("join")).ok());
+  }
+  CHECK(join.Wait().ok());
+  hvdkeras::SetPinnedDevice(-1);
+  // Every rank (the joined one through its stand-ins) prepared GPU 1's lane.
+  CHECK(Find("prepare 1 0") != std::string::npos);
+  CHECK(TheDevice().DevicesUsed().count(1) == 1);
+}
