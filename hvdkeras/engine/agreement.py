@@ -31,7 +31,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from hvdkeras.engine import c_api
 
-MEETING_TAG = 0x68766B  # "hvk"
+# Below 32767, the largest tag every MPI must accept (MPI_TAG_UB).
+MEETING_TAG = 29473
 # Between checks for the others' messages: short at first, then longer.
 _FIRST_POLL_S = 0.0005
 _LONGEST_POLL_S = 0.02
