@@ -80,10 +80,10 @@ def pin_gpu() -> Any:
     # The engine learns the GPU (a rank whose batch holds only a joined
     # rank's stand-ins uses it) and readies it now, kernels included, so the
     # first collective does not compile them.
-    problem = c_api.gpu_pin(library.handle(), index)
-    if problem:
+    unusable = c_api.gpu_pin(library.handle(), index)
+    if unusable:
         warnings.warn(f"hvdkeras.pin_gpu(): the GPU collectives cannot use GPU {index}: "
-                      f"{problem}", RuntimeWarning, stacklevel=2)
+                      f"{unusable}", RuntimeWarning, stacklevel=2)
     physical = nvml.device_count() or len(gpus)
     visible = parse_visible_devices(setting, physical)
     _pinned_entry = visible[index] if index < len(visible) else None
