@@ -40,6 +40,7 @@ from typing import Optional, Sequence
 from hvdkeras.engine.config import EXPECTED_SIZE as EXPECTED_SIZE_ENV
 from hvdkeras.runner import elastic as elastic_world
 from hvdkeras.runner import mpi_env, startup_noise
+from hvdkeras.runner import remote as remote_access
 from hvdkeras.runner.hosts import (HostSlots, hydra_machinefile, openmpi_hostfile, parse_hostfile,
                                    parse_hosts, total_slots)
 from hvdkeras.runner.restart import (ATTEMPT_ENV, ElasticState, JobResult, RestartPolicy,
@@ -119,7 +120,8 @@ def resolve_mpiexec(command: Sequence[str]) -> tuple[str, str, mpi_env.MpiLibrar
 def launch(command: list[str], np: int, hosts: str | None = None, hostfile: str | None = None,
            env: dict[str, str] | None = None, output_dir: str | None = None,
            max_restarts: int = 0, prefix_output: bool = True, min_np: Optional[int] = None,
-           max_np: Optional[int] = None, host_discovery_script: Optional[str] = None) -> int:
+           max_np: Optional[int] = None, host_discovery_script: Optional[str] = None,
+           remote: Optional[remote_access.RemoteAccess] = None) -> int:
     """Runs `command` on `np` ranks through the mpiexec of the MPI that mpi4py loads.
 
     Args:
@@ -162,6 +164,7 @@ def launch(command: list[str], np: int, hosts: str | None = None, hostfile: str 
             mpi4py loads.
     """
     return launch_job(command, np, hosts=hosts, hostfile=hostfile, env=env, output_dir=output_dir,
+                      remote=remote,
                       max_restarts=max_restarts, prefix_output=prefix_output, min_np=min_np,
                       max_np=max_np, host_discovery_script=host_discovery_script).exit_code
 
@@ -193,7 +196,8 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
                max_restarts: int = 0, prefix_output: bool = True,
                timeout: float | None = None, min_np: Optional[int] = None,
                max_np: Optional[int] = None,
-               host_discovery_script: Optional[str] = None) -> JobResult:
+               host_discovery_script: Optional[str] = None,
+               remote: Optional[remote_access.RemoteAccess] = None) -> JobResult:
     """`launch` returning a `JobResult` (exit code, attempts, the failing rank's record).
 
     `timeout` (seconds, all attempts together) ends every rank and returns
@@ -230,14 +234,42 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
         rank_env.setdefault("PYTHONUNBUFFERED", "1")
         quiet = startup_noise.quiet_env(rank_env)  # Note [quiet start-up]
         rank_env.update(quiet)
+        user_args = tuple(shlex.split(os.environ.get(mpi_env.MPIEXEC_ARGS_ENV, "")))
+        access_args, access_env = _remote_access(remote or remote_access.RemoteAccess(),
+                                                 host_list, vendor, user_args, job_dir)
+        rank_env.update(access_env)
         plan = mpi_env.LaunchPlan(
             mpiexec=mpiexec, vendor=vendor, np=np, hosts=plan_hosts, hostfile=plan_hostfile,
-            env_names=mpi_env.forwarded_env_names([*extra_env, *quiet, EXPECTED_SIZE_ENV, ATTEMPT_ENV],
-                                                rank_env),
+            env_names=mpi_env.forwarded_env_names(
+                [*extra_env, *quiet, *access_env, EXPECTED_SIZE_ENV, ATTEMPT_ENV], rank_env),
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
-            extra_args=tuple(shlex.split(os.environ.get(mpi_env.MPIEXEC_ARGS_ENV, ""))),
+            extra_args=access_args + user_args,
         )
         return run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
                             prefix_output, deadline, elastic)
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _remote_access(access: remote_access.RemoteAccess, host_list: Optional[list[HostSlots]],
+                   vendor: str, user_args: tuple, job_dir: str) -> tuple[tuple, dict]:
+    """(mpiexec options, rank variables) for reaching the hosts; first checks
+    that every host that is not this machine answers (as horovodrun does),
+    unless the user's --mpi-args choose how processes start.
+
+    Raises:
+        ValueError: naming the hosts that could not be reached.
+    """
+    far = []
+    if host_list and not remote_access.picks_own_launcher(user_args):
+        far = remote_access.remote_hosts([h.host for h in host_list],
+                                         remote_access.this_machine_names())
+    script = None
+    if far:
+        failures = remote_access.check_reachable(access, far)
+        if failures:
+            raise ValueError(remote_access.unreachable_message(failures, access))
+        if vendor != mpi_env.OPENMPI:
+            script = remote_access.write_launcher_script(access, job_dir)
+    args = remote_access.mpiexec_args(access, vendor, script, remote_hosts=bool(far))
+    return tuple(args), remote_access.rank_env(access)
