@@ -1,0 +1,182 @@
+"""Multi-host runs on hosts of their own: the network-namespace lab.
+
+`scripts/netlab.py` makes each host a network namespace on a bridge, with
+its own address, hostname, PIDs, System V IPC and /dev/shm (entered through
+its ssh stand-in), so MPI between lab hosts goes over TCP as between
+machines. The tests launch through `hvdkerasrun` with the options a real
+cluster needs (`--ssh-command`, `--launcher-address`, `--network-interfaces`):
+
+* the collective suite (tests/parallel) and the model.fit equivalence on 2
+  hosts x 2 ranks and on 3 hosts x 1 rank, with local and cross ranks and
+  the engine's allreduce path checked against the real hostnames
+  (tests/parallel/test_hosts.py);
+* a host whose link is cut mid-job: the whole job ends, non-zero, within the
+  stall bound plus a margin, naming the ranks that stopped answering, and no
+  process is left on any host.
+
+They need root and `ip netns` (CI has both); elsewhere they skip, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import json
+from pathlib import Path
+
+import pytest
+
+from mpi_runner import RANK_REPORT_DIR, _child_env, _kill_group, assert_every_rank_passed, tail
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import netlab  # noqa: E402
+
+LAB = "hvkt"
+NET = 78
+HVDKERASRUN = Path(sys.executable).parent / "hvdkerasrun"
+SUITE_TIMEOUT_S = 900
+STALL_S = 30
+CUT_STALL_S = 10
+CUT_MARGIN_S = 25  # the watchdog's questions, the abort's spread, the launcher
+
+WHY_NOT = netlab.can_run()
+pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow,
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no network lab here: {WHY_NOT}")]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    made = netlab.up(LAB, 3, NET, None)
+    try:
+        yield made
+    finally:
+        netlab.down(LAB)
+
+
+def hvdkerasrun_args(lab: dict, hosts: str, np: int) -> list:
+    ssh = f"{sys.executable} {REPO / 'scripts' / 'netlab.py'} --name {LAB} ssh"
+    return [str(HVDKERASRUN), "-np", str(np), "-H", hosts, "--ssh-command", ssh,
+            "--launcher-address", lab["launcher"], "--network-interfaces", "eth0"]
+
+
+def lab_hosts(lab: dict, layout: str) -> str:
+    """"2x2" -> "h0:2,h1:2" with this lab's host names."""
+    count, per = (int(n) for n in layout.split("x"))
+    return ",".join(f"{h['host']}:{per}" for h in lab["hosts"][:count])
+
+
+def run_launcher(args: list, timeout: float, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            errors="replace", env=_child_env(env), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out = proc.communicate(timeout=10)[0]
+        raise AssertionError(f"timed out after {timeout} s:\n{tail(out)}") from None
+    return subprocess.CompletedProcess(args, proc.returncode, out, None)
+
+
+def run_pytest_on_lab(lab: dict, layout: str, target: Path, extra=()) -> None:
+    count, per = (int(n) for n in layout.split("x"))
+    np = count * per
+    hosts = lab_hosts(lab, layout)
+    with tempfile.TemporaryDirectory(prefix="hvdkeras-lab-") as reports:
+        result = run_launcher(
+            [*hvdkerasrun_args(lab, hosts, np), sys.executable, "-m", "pytest", "-x", "-q",
+             "-p", "no:cacheprovider", *extra, str(target)],
+            timeout=SUITE_TIMEOUT_S,
+            env={"HVDKERAS_UNDER_MPI": "1", RANK_REPORT_DIR: reports,
+                 "HVDKERAS_TEST_HOSTS": hosts, "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_S)})
+        found = sorted(Path(reports).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
+        records = [json.loads(p.read_text()) for p in found]
+    assert_every_rank_passed(np, result, records)
+    assert not netlab.leftovers(LAB), netlab.leftovers(LAB)
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
+@pytest.mark.parametrize("layout", ["2x2", "3x1"])
+def test_collective_suite_on_lab_hosts(lab, layout):
+    run_pytest_on_lab(lab, layout, TESTS / "parallel")
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
+@pytest.mark.parametrize("layout", ["2x2", "3x1"])
+def test_fit_matches_one_process_on_lab_hosts(lab, layout):
+    run_pytest_on_lab(lab, layout, TESTS / "keras_parallel" / "test_equivalence.py",
+                      extra=["-W", "ignore::DeprecationWarning"])
+
+
+CUT_JOB = """
+import sys, time
+import tensorflow as tf
+import hvdkeras as hvd
+hvd.init()
+x = tf.ones([1 << 16])
+for step in range(5):
+    hvd.allreduce(x, name=f"warm.{step}")
+print(f"READY {hvd.rank()}", flush=True)
+for step in range(10 ** 6):
+    hvd.allreduce(x, name=f"loop.{step % 4}")
+    time.sleep(0.01)
+print("UNREACHABLE", flush=True)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_cut_link_ends_the_whole_job(lab, tmp_path):
+    script = tmp_path / "cut_job.py"
+    script.write_text(CUT_JOB)
+    hosts = lab_hosts(lab, "2x2")
+    lost = lab["hosts"][1]["host"]
+    proc = subprocess.Popen(
+        [str(a) for a in [*hvdkerasrun_args(lab, hosts, 4),
+                          "--stall-shutdown-seconds", CUT_STALL_S, sys.executable, script]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        errors="replace", env=_child_env({}), start_new_session=True)
+    lines: list = []
+    ready = set()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            match = re.search(r"READY (\d)", line)
+            if match:
+                ready.add(match.group(1))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while len(ready) < 4 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert len(ready) == 4, "".join(lines[-40:])
+    time.sleep(1.0)
+    netlab.link(LAB, lost, "down")
+    cut_at = time.monotonic()
+    try:
+        proc.wait(timeout=CUT_STALL_S + CUT_MARGIN_S + 60)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise AssertionError("the job did not end after the cut:\n" + "".join(lines[-60:]))
+    finally:
+        netlab.link(LAB, lost, "up")
+    took = time.monotonic() - cut_at
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert proc.returncode != 0, output
+    assert took < CUT_STALL_S + CUT_MARGIN_S, f"ended {took:.1f} s after the cut\n{output[-6000:]}"
+    # The ranks on the host whose link was cut stopped answering.
+    assert re.search(r"Rank\(s\) (2, 3|[23]) did not answer", output), output[-6000:]
+    assert "UNREACHABLE" not in output
+    deadline = time.monotonic() + 30
+    while netlab.leftovers(LAB) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not netlab.leftovers(LAB), f"left on the hosts: {netlab.leftovers(LAB)}"
