@@ -11,8 +11,10 @@ status=0
 # (ops/cuda/), which must compile, link, load on this GPU-less machine and pass
 # the whole suite as a CPU build. HVDKERAS_REQUIRE_CUDA_BUILD=1 turns a silent
 # fallback to a CPU-only build into a failure (tests/test_cuda_build.py).
+# --durations: the slowest tests are listed in every run's log, so the cost
+# of the budget below is visible where it is spent.
 HVDKERAS_REQUIRE_CUDA_BUILD="${HVDKERAS_REQUIRE_CUDA_BUILD:-1}" \
-  "$VENV/bin/python" -m pytest tests -q "$@" || status=$?
+  "$VENV/bin/python" -m pytest tests -q --durations=30 "$@" || status=$?
 if [[ $status -eq 5 ]]; then
   echo "test.sh: pytest collected no tests; treating that as a failure" >&2
 fi

@@ -15,6 +15,10 @@ cluster needs (`--ssh-command`, `--launcher-address`, `--network-interfaces`):
   process is left on any host.
 
 They need root and `ip netns` (CI has both); elsewhere they skip, saying why.
+By default the suite runs on 2 hosts x 2 ranks with the files whose subject
+is the hosts and the transport (NETLAB_DEFAULT_FILES) and model.fit runs on
+3 hosts x 1 rank; HVDKERAS_NETLAB_FULL=1 runs the whole of tests/parallel and
+every equivalence case on both layouts.
 """
 
 from __future__ import annotations
@@ -45,6 +49,14 @@ SUITE_TIMEOUT_S = 900
 STALL_S = 30
 CUT_STALL_S = 10
 CUT_MARGIN_S = 25  # the watchdog's questions, the abort's spread, the launcher
+
+FULL = os.environ.get("HVDKERAS_NETLAB_FULL") == "1"
+# Files of tests/parallel whose subject is where the ranks are and what
+# crosses the link: topology, every collective's exact values, process sets.
+NETLAB_DEFAULT_FILES = ("test_hosts.py", "test_allreduce.py", "test_broadcast.py",
+                        "test_gather_scatter.py", "test_process_sets.py")
+SUITE_LAYOUTS = ["2x2", "3x1"] if FULL else ["2x2"]
+FIT_LAYOUTS = ["2x2", "3x1"] if FULL else ["3x1"]
 
 WHY_NOT = netlab.can_run()
 pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow,
@@ -85,17 +97,18 @@ def run_launcher(args: list, timeout: float, env: dict) -> subprocess.CompletedP
     return subprocess.CompletedProcess(args, proc.returncode, out, None)
 
 
-def run_pytest_on_lab(lab: dict, layout: str, target: Path, extra=()) -> None:
+def run_pytest_on_lab(lab: dict, layout: str, targets: list, extra=()) -> None:
     count, per = (int(n) for n in layout.split("x"))
     np = count * per
     hosts = lab_hosts(lab, layout)
     with tempfile.TemporaryDirectory(prefix="hvdkeras-lab-") as reports:
         result = run_launcher(
             [*hvdkerasrun_args(lab, hosts, np), sys.executable, "-m", "pytest", "-x", "-q",
-             "-p", "no:cacheprovider", *extra, str(target)],
+             "-p", "no:cacheprovider", *extra, *[str(t) for t in targets]],
             timeout=SUITE_TIMEOUT_S,
             env={"HVDKERAS_UNDER_MPI": "1", RANK_REPORT_DIR: reports,
-                 "HVDKERAS_TEST_HOSTS": hosts, "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_S)})
+                 "HVDKERAS_TEST_HOSTS": hosts, "HVDKERAS_TEST_REAL_HOSTS": "1",
+                 "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_S)})
         found = sorted(Path(reports).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
         records = [json.loads(p.read_text()) for p in found]
     assert_every_rank_passed(np, result, records)
@@ -103,16 +116,20 @@ def run_pytest_on_lab(lab: dict, layout: str, target: Path, extra=()) -> None:
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
-@pytest.mark.parametrize("layout", ["2x2", "3x1"])
+@pytest.mark.parametrize("layout", SUITE_LAYOUTS)
 def test_collective_suite_on_lab_hosts(lab, layout):
-    run_pytest_on_lab(lab, layout, TESTS / "parallel")
+    files = [TESTS / "parallel"] if FULL else [
+        TESTS / "parallel" / name for name in NETLAB_DEFAULT_FILES]
+    assert all(f.exists() for f in files), files
+    run_pytest_on_lab(lab, layout, files)
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
-@pytest.mark.parametrize("layout", ["2x2", "3x1"])
+@pytest.mark.parametrize("layout", FIT_LAYOUTS)
 def test_fit_matches_one_process_on_lab_hosts(lab, layout):
-    run_pytest_on_lab(lab, layout, TESTS / "keras_parallel" / "test_equivalence.py",
-                      extra=["-W", "ignore::DeprecationWarning"])
+    run_pytest_on_lab(lab, layout, [TESTS / "keras_parallel" / "test_equivalence.py"],
+                      extra=["-W", "ignore::DeprecationWarning",
+                             *([] if FULL else ["-k", "global_batch"])])
 
 
 CUT_JOB = """

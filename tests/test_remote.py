@@ -33,8 +33,11 @@ def test_ssh_words_and_the_launcher_script():
 def test_hydra_and_open_mpi_options():
     access = RemoteAccess(network_interfaces=("eth0", "eth1"), launcher_address="10.0.0.9")
     assert remote.mpiexec_args(access, mpi_env.MPICH, "/tmp/x", remote_hosts=True) == [
-        "-launcher", "ssh", "-launcher-exec", "/tmp/x", "-iface", "eth0", "-localhost",
-        "10.0.0.9"]
+        "-launcher", "ssh", "-launcher-exec", "/tmp/x", "-localhost", "10.0.0.9"]
+    # Without an address, the hosts call back on the launcher's interface of
+    # that name (Hydra would let -iface win over -localhost).
+    assert remote.mpiexec_args(RemoteAccess(network_interfaces=("eth0",)), mpi_env.MPICH,
+                               None, remote_hosts=True) == ["-iface", "eth0"]
     assert remote.mpiexec_args(RemoteAccess(), mpi_env.MPICH, None, remote_hosts=False) == []
     ompi = remote.mpiexec_args(RemoteAccess(ssh_port=22, network_interfaces=("ib0",)),
                                mpi_env.OPENMPI, None, remote_hosts=True)

@@ -97,10 +97,15 @@ def mpiexec_args(access: RemoteAccess, vendor: str, script: Optional[str],
         return args
     if script is not None:
         args += ["-launcher", "ssh", "-launcher-exec", script]
-    if access.network_interfaces:
-        args += ["-iface", access.network_interfaces[0]]
     if access.launcher_address:
         args += ["-localhost", access.launcher_address]
+    elif access.network_interfaces:
+        # Hydra takes the address the hosts call back to from -iface, read
+        # on the launcher, and lets it win over -localhost; the launcher's
+        # interface of that name may not be on the hosts' network (a
+        # launcher outside the cluster), so an address given wins here. The
+        # ranks' own traffic follows rank_env either way.
+        args += ["-iface", access.network_interfaces[0]]
     return args
 
 

@@ -13,6 +13,7 @@ launching test, and the expected layout is computed here from them.
 from __future__ import annotations
 
 import os
+import socket
 
 import numpy as np
 import pytest
@@ -35,6 +36,20 @@ def host_of_rank(spec: str, size: int) -> list:
 
 
 HOST = host_of_rank(HOSTS, WORLD_SIZE)
+# Set by tests/test_netlab.py: the hosts are real (hosts of their own), so
+# each rank's hostname is its host's name.
+REAL_HOSTS = os.environ.get("HVDKERAS_TEST_REAL_HOSTS") == "1"
+
+
+@pytest.mark.skipif(not REAL_HOSTS, reason="simulated hosts share this machine's name")
+def test_each_rank_runs_on_its_host():
+    names = [entry.rpartition(":")[0] for entry in HOSTS.split(",")]
+    assert socket.gethostname() == names[HOST[WORLD_RANK]]
+    # The ranks of one host are the ranks that share a hostname (MPI saw them
+    # as one node because they are on one, not because a launcher said so).
+    everyone = hvd.allgather_object(socket.gethostname(), name="hostnames")
+    assert [everyone.index(n) for n in everyone] == [
+        HOST.index(HOST[r]) for r in range(WORLD_SIZE)]
 
 
 def test_local_and_cross_ranks_follow_the_hosts():
