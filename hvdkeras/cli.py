@@ -36,6 +36,7 @@ from hvdkeras.report import ReportError, write_report
 from hvdkeras.report.run_data import SUMMARY_NAME
 from hvdkeras.runner import startup_noise
 from hvdkeras.runner.knobs import LOG_LEVELS
+from hvdkeras.runner.remote_options import add_remote_arguments, remote_access_from_args
 
 Handler = Callable[[argparse.Namespace], int]
 Configure = Callable[[argparse.ArgumentParser], None]
@@ -187,6 +188,7 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
                         help="elastic: after a failure, continue on as few as this many ranks "
                              "(the failed ranks' slots are left out)")
     parser.add_argument("--max-np", type=int, default=None, help="elastic: at most this many ranks")
+    add_remote_arguments(parser)
     parser.add_argument("--summary-json", default=None,
                         help="also write the final summary (metrics, time, checkpoints) here")
     parser.add_argument("--engine", choices=("mpi", "ray"), default="mpi",
@@ -238,7 +240,8 @@ def _train(args: argparse.Namespace) -> int:
             code = launching.launch_ranks(command, np=args.np, hosts=args.hosts,
                                           hostfile=args.hostfile, env=env,
                                           max_restarts=args.max_restarts, min_np=args.min_np,
-                                          max_np=args.max_np)
+                                          max_np=args.max_np,
+                                          remote=remote_access_from_args(args))
         except ValueError as error:
             print(f"hvdkeras: error: {error}", file=sys.stderr)
             return 2
@@ -283,7 +286,9 @@ def _train_on_ray(args: argparse.Namespace, path: str, env: dict, summary_json: 
     """`hvdkeras train --engine ray`: the recipe on --np Ray actors."""
     unused = [flag for flag, given in (("--hosts", args.hosts), ("--hostfile", args.hostfile),
                                        ("--max-restarts", args.max_restarts),
-                                       ("--min-np/--max-np", elastic)) if given]
+                                       ("--min-np/--max-np", elastic),
+                                       ("the ssh and network options",
+                                        not remote_access_from_args(args).is_default())) if given]
     if unused:
         print(f"hvdkeras: error: {', '.join(unused)} do not apply with --engine ray (Ray "
               "places the ranks); leave them out", file=sys.stderr)

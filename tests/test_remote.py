@@ -88,3 +88,16 @@ def test_hvdkerasrun_starts_nothing_when_a_host_does_not_answer(fake_ssh: Path, 
     assert "1 host(s) could not be reached" in result.stderr and "bad1: ssh: connect to host " \
         "bad1 port 22: No route to host" in result.stderr, result.stderr
     assert not marker.exists()
+
+
+def test_a_recipe_run_checks_the_hosts_the_same_way(fake_ssh: Path, tmp_path: Path):
+    # `hvdkeras train` takes hvdkerasrun's host options (one definition,
+    # hvdkeras/runner/remote_options.py) and refuses before any rank starts.
+    result = subprocess.run(
+        [sys.executable, "-m", "hvdkeras.cli", "train", "digits", "--np", "2",
+         "--hosts", "good1:1,bad2:1", "--ssh-command", str(fake_ssh), "--ssh-port", "2200"],
+        capture_output=True, text=True, timeout=300, env={**os.environ}, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"could not be reached with `{fake_ssh} -p 2200 HOST true`" in result.stderr
+    assert "bad2: ssh: connect to host bad2" in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()

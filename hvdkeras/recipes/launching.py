@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 from hvdkeras.engine import config
 from hvdkeras.runner.launch import launch
+from hvdkeras.runner.remote import RemoteAccess
 
 
 def rank_command(recipe: str, overrides: Sequence[str] = (),
@@ -44,7 +45,8 @@ def engine_env(recipe: dict) -> Dict[str, str]:
 def launch_ranks(command: List[str], np: int, hosts: Optional[str] = None,
                  hostfile: Optional[str] = None, env: Optional[Dict[str, str]] = None,
                  max_restarts: int = 0, min_np: Optional[int] = None,
-                 max_np: Optional[int] = None) -> int:
-    """Runs `command` on `np` ranks (elastically with `min_np`/`max_np`); returns the exit code."""
+                 max_np: Optional[int] = None, remote: Optional[RemoteAccess] = None) -> int:
+    """Runs `command` on `np` ranks (elastically with `min_np`/`max_np`;
+    `remote`: how other hosts are reached); returns the exit code."""
     return launch(command, np=np, hosts=hosts, hostfile=hostfile, env=env,
-                  max_restarts=max_restarts, min_np=min_np, max_np=max_np)
+                  max_restarts=max_restarts, min_np=min_np, max_np=max_np, remote=remote)

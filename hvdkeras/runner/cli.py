@@ -20,7 +20,7 @@ from hvdkeras.runner import mpi_env, slurm
 from hvdkeras.runner.hosts import hosts_argument
 from hvdkeras.runner.knobs import LOG_LEVELS, Knobs, knob_env
 from hvdkeras.runner.launch import launch, resolve_mpiexec
-from hvdkeras.runner.remote import RemoteAccess
+from hvdkeras.runner.remote_options import add_remote_arguments, remote_access_from_args
 from hvdkeras.runner.restart import log
 
 
@@ -37,16 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-H", "--hosts", help="hosts and slots, e.g. a:2,b:2 (default: this machine, "
                    "or the hosts and tasks of the Slurm allocation)")
     p.add_argument("--hostfile", "-hostfile", help="file of 'host slots=N' lines")
-    r = p.add_argument_group("other hosts (checked before anything starts: each must answer)")
-    r.add_argument("--ssh-command", default="ssh",
-                   help="what starts processes on other hosts, called like ssh: "
-                        "CMD [options] HOST COMMAND (default: ssh)")
-    r.add_argument("--ssh-port", "-p", type=int, help="the port --ssh-command connects to")
-    r.add_argument("--ssh-identity-file", "-i", help="the private key --ssh-command uses")
-    r.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces",
-                   help="comma-separated interfaces (e.g. eth0) for MPI's traffic on every host")
-    r.add_argument("--launcher-address",
-                   help="the address the other hosts reach this machine at (default: its name)")
+    add_remote_arguments(p)
     g = p.add_argument_group("engine knobs (HVDKERAS_* variables for every rank)")
     g.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (0: no fusion)")
     g.add_argument("--cycle-time-ms", type=float, help="engine cycle time in ms")
@@ -114,12 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose:
             mpiexec, vendor, library = resolve_mpiexec(command)
             log(f"mpiexec {mpiexec} ({mpi_env.VENDOR_NAMES[vendor]}) for libmpi {library.path}")
-        remote = RemoteAccess(
-            ssh_command=args.ssh_command, ssh_port=args.ssh_port,
-            identity_file=args.ssh_identity_file,
-            network_interfaces=tuple(i.strip() for i in (args.network_interfaces or "").split(",")
-                                     if i.strip()),
-            launcher_address=args.launcher_address)
+        remote = remote_access_from_args(args)
         return launch(command, args.np, hosts=args.hosts, hostfile=args.hostfile, env=env,
                       output_dir=args.output_dir, max_restarts=args.max_restarts,
                       prefix_output=not args.no_prefix, min_np=args.min_np, max_np=args.max_np,

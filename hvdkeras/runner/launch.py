@@ -146,6 +146,10 @@ def launch(command: list[str], np: int, hosts: str | None = None, hostfile: str 
         host_discovery_script: An executable printing the available hosts,
             ``host:slots`` per line; run before the first attempt (when no
             hosts are given) and before every relaunch.
+        remote: How other hosts are reached (`hvdkeras.runner.remote.RemoteAccess`:
+            the ssh command, port and key, the network interfaces, the
+            launcher's address); every host that is not this machine must
+            answer before anything starts. Default: plain ``ssh``.
 
     Example:
 
@@ -236,7 +240,8 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
         rank_env.update(quiet)
         user_args = tuple(shlex.split(os.environ.get(mpi_env.MPIEXEC_ARGS_ENV, "")))
         access_args, access_env = _remote_access(remote or remote_access.RemoteAccess(),
-                                                 host_list, vendor, user_args, job_dir)
+                                                 host_list, vendor, user_args, job_dir,
+                                                 discovery=bool(host_discovery_script))
         rank_env.update(access_env)
         plan = mpi_env.LaunchPlan(
             mpiexec=mpiexec, vendor=vendor, np=np, hosts=plan_hosts, hostfile=plan_hostfile,
@@ -252,16 +257,20 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
 
 
 def _remote_access(access: remote_access.RemoteAccess, host_list: Optional[list[HostSlots]],
-                   vendor: str, user_args: tuple, job_dir: str) -> tuple[tuple, dict]:
+                   vendor: str, user_args: tuple, job_dir: str,
+                   discovery: bool = False) -> tuple[tuple, dict]:
     """(mpiexec options, rank variables) for reaching the hosts; first checks
     that every host that is not this machine answers (as horovodrun does),
-    unless the user's --mpi-args choose how processes start.
+    unless the user's --mpi-args choose how processes start. With a
+    host-discovery script (`discovery`), hosts met at a relaunch are reached
+    with the same ssh command even when the first attempt had none.
 
     Raises:
         ValueError: naming the hosts that could not be reached.
     """
     far = []
-    if host_list and not remote_access.picks_own_launcher(user_args):
+    own_launcher = remote_access.picks_own_launcher(user_args)
+    if host_list and not own_launcher:
         far = remote_access.remote_hosts([h.host for h in host_list],
                                          remote_access.this_machine_names())
     script = None
@@ -269,7 +278,9 @@ def _remote_access(access: remote_access.RemoteAccess, host_list: Optional[list[
         failures = remote_access.check_reachable(access, far)
         if failures:
             raise ValueError(remote_access.unreachable_message(failures, access))
-        if vendor != mpi_env.OPENMPI:
-            script = remote_access.write_launcher_script(access, job_dir)
-    args = remote_access.mpiexec_args(access, vendor, script, remote_hosts=bool(far))
+    if vendor != mpi_env.OPENMPI and not own_launcher and (
+            far or (discovery and not access.is_default())):
+        script = remote_access.write_launcher_script(access, job_dir)
+    args = remote_access.mpiexec_args(access, vendor, script,
+                                      remote_hosts=bool(far) or (discovery and not own_launcher))
     return tuple(args), remote_access.rank_env(access)
