@@ -4,6 +4,7 @@
     sudo python scripts/netlab.py up --hosts 2 [--rate 1gbit] [--name hvk]
     python scripts/netlab.py ssh [ssh options] h1 'command ...'   # how mpiexec enters a host
     sudo python scripts/netlab.py cut h1 / mend h1               # take a host's link down / up
+    sudo python scripts/netlab.py crash h1                       # link down, then kill all on it
     sudo python scripts/netlab.py down [--name hvk]
 
 Each host is a network namespace with its own address (10.<net>.0.<i+1> on
@@ -160,6 +161,19 @@ def load(name: str) -> Dict:
         raise SystemExit(f"netlab: no lab named {name!r} is up (run `netlab.py up`)") from None
 
 
+def _kill_inside(namespace: str) -> int:
+    """SIGKILLs every process in a host's network namespace; how many."""
+    pids = run("ip", "netns", "pids", namespace, check=False).stdout.split()
+    killed = 0
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, ValueError):
+            pass
+    return killed
+
+
 def down(name: str) -> None:
     """Kills everything inside the lab and removes every trace of it."""
     try:
@@ -167,12 +181,7 @@ def down(name: str) -> None:
     except FileNotFoundError:
         return
     for h in lab["hosts"]:
-        pids = run("ip", "netns", "pids", h["namespace"], check=False).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        _kill_inside(h["namespace"])
     time.sleep(0.2)
     for h in lab["hosts"]:
         run("ip", "link", "delete", h["outer"], check=False)
@@ -238,6 +247,15 @@ def link(name: str, host: str, state: str) -> None:
     run("ip", "link", "set", h["outer"], state)
 
 
+def crash(name: str, host: str) -> int:
+    """A host losing its power: its link goes down first (so its peers get
+    no goodbye, no FIN or RST), then every process on it is SIGKILLed.
+    `mend` brings the link back for the next job. Returns how many were killed."""
+    h = find_host(load(name), host)
+    run("ip", "link", "set", h["outer"], "down")
+    return _kill_inside(h["namespace"])
+
+
 def main(argv: List[str]) -> int:
     # `ssh` takes ssh's own options, which argparse would claim: handled first.
     name = os.environ.get("NETLAB_NAME", DEFAULT_NAME)
@@ -257,8 +275,9 @@ def main(argv: List[str]) -> int:
     sub.add_parser("check", help="whether this machine can run a lab")
     sub.add_parser("status", help="the lab's hosts and the processes in them")
     sub.add_parser("ssh", help="ssh stand-in: [ssh options] HOST COMMAND")
-    for action in ("cut", "mend"):
-        p = sub.add_parser(action, help=f"{'down' if action == 'cut' else 'up'} a host's link")
+    for action, what in (("cut", "take a host's link down"), ("mend", "bring it back up"),
+                         ("crash", "take a host's link down and kill everything on it")):
+        p = sub.add_parser(action, help=what)
         p.add_argument("host")
     args = parser.parse_args(argv)
     if args.action == "check":
@@ -273,6 +292,8 @@ def main(argv: List[str]) -> int:
     elif args.action == "status":
         lab = load(args.name)
         print(json.dumps({**lab, "pids": leftovers(args.name)}, indent=1))
+    elif args.action == "crash":
+        print(f"killed {crash(args.name, args.host)} process(es) on {args.host}")
     else:
         link(args.name, args.host, "down" if args.action == "cut" else "up")
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdkeras.runner import elastic
+from hvdkeras.runner import elastic, restart
 from hvdkeras.runner.hosts import HostSlots
 from mpi_runner import describe, run_command
 
@@ -56,6 +56,21 @@ def test_slots_left_after_failures():
     assert elastic.fit_world([HostSlots("a", 2), HostSlots("b", 2)], elastic.Elastic(2, 3)) == [
         HostSlots("a", 2), HostSlots("b", 1)]
     assert elastic.fit_world([HostSlots("a", 1)], elastic.Elastic(2, 3)) is None
+
+
+def test_ranks_that_did_not_answer_name_their_hosts():
+    hosts = [HostSlots("a", 2), HostSlots("b", 2)]
+    assert elastic.hosts_of_ranks(hosts, [2, 3]) == ["b", "b"]
+    assert elastic.hosts_of_ranks(hosts, [0, 4, -1]) == ["a"]
+    # Ranks 0 and 1 on host a both end the job, each naming ranks 2 and 3:
+    # host b is the failed one, not a.
+    records = [{"host": "a", "rank": "0", "silent_ranks": [2, 3]},
+               {"host": "a", "rank": "1", "silent_ranks": [3, 2]}]
+    failed = restart._failed_hosts(records, [], hosts)
+    assert failed == ["b", "b"]
+    assert elastic.without_failed(hosts, failed) == [HostSlots("a", 2)]
+    # Without a watchdog's list, the ranks that failed on their own count.
+    assert restart._failed_hosts([{"host": "b", "last_lines": ["boom"]}], [], hosts) == ["b"]
 
 
 def _env(**extra):

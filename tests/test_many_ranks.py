@@ -11,16 +11,17 @@ cores, so these are correctness checks with generous timeouts, never timings.
   sets, join, mismatches, errors, hosts), leaving out those whose cost grows
   with the ranks but whose subject does not (the 200-op retrace stress, 64 MiB
   buffers, gradients, Adasum, XLA: all run at 1 to 4 ranks elsewhere); every
-  file when HVDKERAS_MANY_RANKS is set;
+  file with HVDKERAS_MANY_RANKS_EVERYTHING=1;
 * tests/keras_parallel/test_equivalence.py: N ranks equal one process on the
-  same global batch (its main case at 8 ranks by default, every case when
-  HVDKERAS_MANY_RANKS is set);
+  same global batch (its main case by default, every case with
+  HVDKERAS_MANY_RANKS_EVERYTHING=1);
 * divergence-fuzzer programs (tests/fuzz/): every rank ends with an error
   where the ranks cannot agree, within the stall bound plus a margin.
 
 8 ranks run by default (about 6 minutes here); HVDKERAS_MANY_RANKS=8,16,32
-picks the sizes and runs everything (16 and 32 take tens of minutes here).
-Each job's wall time is printed.
+picks the sizes and HVDKERAS_MANY_RANKS_EVERYTHING=1 runs every file and
+case at them (16 and 32 take tens of minutes here). Each job's wall time is
+printed.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
 from harness import run_programs  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
-CHOSEN = os.environ.get("HVDKERAS_MANY_RANKS", "")
-SIZES = [int(n) for n in (CHOSEN or "8").split(",") if n.strip()]
+SIZES = [int(n) for n in (os.environ.get("HVDKERAS_MANY_RANKS") or "8").split(",")
+         if n.strip()]
+EVERYTHING = os.environ.get("HVDKERAS_MANY_RANKS_EVERYTHING") == "1"
 DEFAULT_FILES = ("test_allreduce.py", "test_broadcast.py", "test_gather_scatter.py",
                  "test_objects.py", "test_process_sets.py", "test_process_sets_static.py",
                  "test_join.py", "test_mismatches.py", "test_errors.py", "test_hosts.py",
@@ -64,7 +66,7 @@ def _report(capsys, what: str, np: int, seconds: float) -> None:
 def test_collective_suite(np, capsys):
     assert all((TESTS / "parallel" / f).exists() for f in DEFAULT_FILES), DEFAULT_FILES
     start = time.monotonic()
-    files = [TESTS / "parallel"] if CHOSEN else [TESTS / "parallel" / f for f in DEFAULT_FILES]
+    files = [TESTS / "parallel"] if EVERYTHING else [TESTS / "parallel" / f for f in DEFAULT_FILES]
     result, reports = run_pytest_under_mpi(
         np, files[0], timeout=SUITE_TIMEOUT_S[np],
         env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
@@ -80,7 +82,7 @@ def test_fit_equivalence(np, capsys):
     result, reports = run_pytest_under_mpi(
         np, TESTS / "keras_parallel" / "test_equivalence.py", timeout=FIT_TIMEOUT_S[np],
         env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
-        extra_args=[] if CHOSEN else ["-k", "global_batch"])
+        extra_args=[] if EVERYTHING else ["-k", "global_batch"])
     assert_every_rank_passed(np, result, reports)
     _report(capsys, "model.fit equivalence", np, time.monotonic() - start)
 

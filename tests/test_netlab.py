@@ -12,7 +12,10 @@ cluster needs (`--ssh-command`, `--launcher-address`, `--network-interfaces`):
   (tests/parallel/test_hosts.py);
 * a host whose link is cut mid-job: the whole job ends, non-zero, within the
   stall bound plus a margin, naming the ranks that stopped answering, and no
-  process is left on any host.
+  process is left on any host;
+* a host that crashes (link down, every process killed) mid-`fit` of a
+  recipe run with `--min-np`: the job goes on from the newest checkpoint on
+  the host that is left.
 
 They need root and `ip netns` (CI has both); elsewhere they skip, saying why.
 By default the suite runs on 2 hosts x 2 ranks with the files whose subject
@@ -72,10 +75,16 @@ def lab():
         netlab.down(LAB)
 
 
-def hvdkerasrun_args(lab: dict, hosts: str, np: int) -> list:
+def host_options(lab: dict) -> list:
+    """The options a real cluster needs, pointed at the lab (hvdkerasrun and
+    hvdkeras train take the same ones)."""
     ssh = f"{sys.executable} {REPO / 'scripts' / 'netlab.py'} --name {LAB} ssh"
-    return [str(HVDKERASRUN), "-np", str(np), "-H", hosts, "--ssh-command", ssh,
-            "--launcher-address", lab["launcher"], "--network-interfaces", "eth0"]
+    return ["--ssh-command", ssh, "--launcher-address", lab["launcher"],
+            "--network-interfaces", "eth0"]
+
+
+def hvdkerasrun_args(lab: dict, hosts: str, np: int) -> list:
+    return [str(HVDKERASRUN), "-np", str(np), "-H", hosts, *host_options(lab)]
 
 
 def lab_hosts(lab: dict, layout: str) -> str:
@@ -193,6 +202,87 @@ def test_a_cut_link_ends_the_whole_job(lab, tmp_path):
     # The ranks on the host whose link was cut stopped answering.
     assert re.search(r"Rank\(s\) (2, 3|[23]) did not answer", output), output[-6000:]
     assert "UNREACHABLE" not in output
+    deadline = time.monotonic() + 30
+    while netlab.leftovers(LAB) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not netlab.leftovers(LAB), f"left on the hosts: {netlab.leftovers(LAB)}"
+
+
+CRASH_STALL_S = 10
+CRASH_RECIPE = """\
+version: 1
+seed: 5
+model: {{name: "resume_model:build", args: {{dropout: 0.1, hidden: [64]}}}}
+data: {{source: bundled, layout: flat, batch_size: 16, validation: {{split: 0.2}}}}
+optimizer: {{name: adam, learning_rate: 2e-3}}
+training: {{epochs: 4, verbose: 0}}
+checkpoint: {{dir: {directory}, every_steps: 10, keep: 3}}
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_crashed_host_leaves_the_job_on_the_other(lab, tmp_path):
+    """Host h1 (ranks 2 and 3) loses power at step 30 of a 4-rank recipe run
+    with --min-np 2: the job ends within the bound, names h1's ranks as the
+    silent ones, relaunches on h0's 2 slots and resumes from the newest
+    checkpoint written before the crash."""
+    ck = tmp_path / "ck"
+    recipe = tmp_path / "crash.yaml"
+    recipe.write_text(CRASH_RECIPE.format(directory=ck))
+    summary = tmp_path / "summary.json"
+    lost = lab["hosts"][1]["host"]
+    bin_dir = Path(sys.executable).parent
+    args = [bin_dir / "hvdkeras", "train", recipe, "--np", 4, "--min-np", 2,
+            "--hosts", lab_hosts(lab, "2x2"), "--summary-json", summary,
+            *host_options(lab)]
+    env = _child_env({
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS / "scripts"),
+                                                    os.environ.get("PYTHONPATH")])),
+        "HVDKERAS_RESTART_BACKOFF_SECONDS": "0.2", "RESUME_TEST_HOLD": "2:30",
+        "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(CRASH_STALL_S)})
+    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            errors="replace", env=env, start_new_session=True, cwd=tmp_path)
+    lines: list = []
+    events: dict = {}
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "HOLDING rank at step 30" in line and "hold" not in events:
+                events["hold"] = time.monotonic()
+                events["killed"] = netlab.crash(LAB, lost)
+            if "attempt 1 of" in line and "failed after" in line and "ended" not in events:
+                events["ended"] = time.monotonic()
+                events["newest"] = sorted(p.name for p in ck.iterdir()) if ck.exists() else []
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=800)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise AssertionError("the job did not end:\n" + "".join(lines[-80:]))
+    finally:
+        netlab.link(LAB, lost, "up")
+    reader.join(timeout=10)
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-8000:]
+    assert "hold" in events and events["killed"] > 0, out[-8000:]
+    took = events["ended"] - events["hold"]
+    assert took < CRASH_STALL_S + CUT_MARGIN_S, f"attempt 1 ended {took:.1f} s after the crash"
+    assert re.search(r"Rank\(s\) 2, 3 did not answer", out), out[-8000:]
+    assert (f"resizing the job from 4 to 2 rank(s) on {lab['hosts'][0]['host']}:2" in out), \
+        out[-8000:]
+    resumed = re.search(r"hvdkeras: resumed from (\S+): continuing at epoch", out)
+    assert resumed, out[-8000:]
+    # The newest checkpoint when attempt 1 ended is the one attempt 2 took.
+    assert Path(resumed.group(1)).name in events["newest"][-1:] or \
+        Path(resumed.group(1)).parent.name in events["newest"][-1:], (resumed.group(1),
+                                                                      events["newest"])
+    final = json.loads(summary.read_text())
+    assert final["ranks"] == 2 and final["last_epoch"] == 4, final
     deadline = time.monotonic() + 30
     while netlab.leftovers(LAB) and time.monotonic() < deadline:
         time.sleep(0.5)

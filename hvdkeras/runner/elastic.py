@@ -94,6 +94,19 @@ def without_failed(hosts: Sequence[HostSlots], failed_hosts: Sequence[str]) -> l
     return [HostSlots(h, n) for h, n in slots.items() if n > 0]
 
 
+def hosts_of_ranks(hosts: Sequence[HostSlots], ranks: Sequence[int]) -> list[str]:
+    """The host each of `ranks` ran on, with ranks placed on `hosts` in order,
+    filling each host's slots before the next (how hvdkerasrun's `-H` and
+    hostfile place them, with Hydra and with Open MPI). Ranks past the slots
+    are left out. Pure.
+
+    >>> hosts_of_ranks([HostSlots("a", 2), HostSlots("b", 2)], [3, 2])
+    ['b', 'b']
+    """
+    placed = [h.host for h in hosts for _ in range(h.slots)]
+    return [placed[r] for r in ranks if 0 <= r < len(placed)]
+
+
 def fit_world(available: Sequence[HostSlots], elastic: Elastic) -> Optional[list[HostSlots]]:
     """The hosts of the next attempt: `available` trimmed to `max_np` ranks, or
     None when they hold fewer than `min_np`. Pure."""

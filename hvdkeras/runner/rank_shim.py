@@ -45,7 +45,9 @@ TAIL_LINES = 20
 # One JSON object per failed rank in the status directory, ``rank.<R>.json``:
 # rank, attempt, exit_code (None when killed by a signal), signal (its name or
 # None), last_lines (up to TAIL_LINES), time (time.time() of the failure),
-# host, pid and, when the rank wrote it itself, reason. Written atomically by
+# host, pid and, when the rank wrote it itself, reason; the engine's watchdog
+# adds silent_ranks, the ranks that did not answer it (the launcher counts
+# their hosts as the failed ones when it resizes an elastic job). Written atomically by
 # this shim when its child fails, or by the rank itself before it aborts the
 # job (hvdkeras/engine/failfast.py, which cannot import this module: it lies
 # below the runner); read by the launcher (read_statuses, failures.py).

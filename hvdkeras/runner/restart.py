@@ -116,9 +116,14 @@ class ElasticState:
     local: bool
 
 
-def _failed_hosts(records: list, lost: list) -> list:
+def _failed_hosts(records: list, lost: list, hosts: list) -> list:
     """The host of every rank that failed on its own (not a casualty), or else of
-    the supervisor killed first (mpiexec kills the others' supervisors after it)."""
+    the supervisor killed first (mpiexec kills the others' supervisors after it).
+    Ranks that did not answer a watchdog (`silent_ranks` in its record: their
+    host or its link is gone) are the failed ones, not the rank that asked."""
+    silent = sorted({int(r) for record in records for r in record.get("silent_ranks") or []})
+    if silent:
+        return elastic_world.hosts_of_ranks(hosts, silent)
     if records:
         own = [r for r in records if not is_casualty("\n".join(r.get("last_lines") or []))]
         return [str(r.get("host") or "") for r in (own or records[:1])]
@@ -132,7 +137,7 @@ def _resize(plan, state: ElasticState, records: list, lost: list, log_file):
         available = elastic_world.discover(state.settings.discovery_script)
         why = f"the host-discovery script reports {total_slots(available)} slot(s)"
     else:
-        failed = _failed_hosts(records, lost)
+        failed = _failed_hosts(records, lost, state.hosts)
         available = elastic_world.without_failed(state.hosts, failed)
         why = f"the slot(s) of {len(failed)} failed rank(s) left out"
     chosen = elastic_world.fit_world(available, state.settings)

@@ -69,7 +69,8 @@ std::string JsonString(const std::string& text) {
 // Writes this rank's failure record where hvdkerasrun's shim asked for it
 // (HVDKERAS_FAILURE_RECORD; format: Note [failure record] in
 // hvdkeras/runner/rank_shim.py), so the launcher names this rank and why.
-void WriteFailureRecord(int rank, const std::string& reason, const std::string& message) {
+void WriteFailureRecord(int rank, const std::string& reason, const std::string& message,
+                        const std::vector<int>& silent) {
   const char* path = std::getenv("HVDKERAS_FAILURE_RECORD");
   if (!path || !*path) return;
   const char* attempt = std::getenv("HVDKERAS_ATTEMPT");
@@ -93,7 +94,10 @@ void WriteFailureRecord(int rank, const std::string& reason, const std::string& 
         << ", \"attempt\": " << (attempt && *attempt ? std::atoi(attempt) : 1)
         << ", \"exit_code\": 1, \"signal\": null, \"last_lines\": " << lines
         << ", \"time\": " << now << ", \"host\": " << JsonString(host)
-        << ", \"pid\": " << getpid() << ", \"reason\": " << JsonString(reason) << "}";
+        << ", \"pid\": " << getpid() << ", \"reason\": " << JsonString(reason)
+        << ", \"silent_ranks\": [";
+    for (size_t i = 0; i < silent.size(); ++i) out << (i ? ", " : "") << silent[i];
+    out << "]}";
   }
   std::rename(tmp.c_str(), path);
 }
@@ -312,7 +316,7 @@ void Watchdog::EndJob(const EngineActivity& stuck, double seconds) {
   out << " Ending the whole job (MPI abort): MPI has no way out of a collective call that has "
          "started.\n";
   const std::string text = out.str();
-  WriteFailureRecord(rank_, reason, text);
+  WriteFailureRecord(rank_, reason, text, silent);
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);
   WaitForReaders();

@@ -2,12 +2,15 @@
 
 `RESUME_TEST_KILL=RANK:STEP` makes that rank SIGKILL itself during the
 forward pass of its STEP-th training step (1-based), as a crash or an OOM
-kill would, with no chance to save anything. Without it the layer is an
-identity. The rest is the recipes' own MLP with Dropout.
+kill would, with no chance to save anything. `RESUME_TEST_HOLD=RANK:STEP`
+makes it print "HOLDING" there and wait, for a test to take its host down
+at a known step. Without either the layer is an identity. The rest is the
+recipes' own MLP with Dropout.
 """
 
 import os
 import signal
+import time
 
 import keras
 import tensorflow as tf
@@ -15,6 +18,12 @@ import tensorflow as tf
 from hvdkeras.recipes.models import mlp
 
 KILL_ENV = "RESUME_TEST_KILL"
+HOLD_ENV = "RESUME_TEST_HOLD"
+
+
+def _step_for_this_rank(variable: str) -> int:
+    rank, _, step = os.environ.get(variable, "").partition(":")
+    return int(step) if step and rank == os.environ.get("PMI_RANK", "0") else 0
 
 
 class KillAtStep(keras.layers.Layer):
@@ -22,9 +31,8 @@ class KillAtStep(keras.layers.Layer):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        rank, _, step = os.environ.get(KILL_ENV, "").partition(":")
-        me = os.environ.get("PMI_RANK", "0")
-        self.kill_at = int(step) if step and rank == me else 0
+        self.kill_at = _step_for_this_rank(KILL_ENV)
+        self.hold_at = _step_for_this_rank(HOLD_ENV)
         self.steps = 0
 
     def _tick(self):
@@ -32,10 +40,13 @@ class KillAtStep(keras.layers.Layer):
         if self.steps == self.kill_at:
             print(f"KILLING rank at step {self.steps}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.steps == self.hold_at:
+            print(f"HOLDING rank at step {self.steps}", flush=True)
+            time.sleep(10 ** 6)
         return tf.constant(0.0)
 
     def call(self, x, training=None):
-        if not training or not self.kill_at:
+        if not training or not (self.kill_at or self.hold_at):
             return x
         tick = tf.ensure_shape(tf.py_function(self._tick, [], tf.float32), ())
         return x + tf.cast(tick, x.dtype)
