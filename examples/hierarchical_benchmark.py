@@ -18,6 +18,13 @@ they would be on two machines, and traffic between the groups goes through
 MPI's network module. On one machine that "network" is still memory, so
 `--transport tcp` (UCX over TCP loopback) is the closer stand-in for a real
 network; the default leaves MPI's choice.
+
+On hosts of their own (`scripts/netlab.py up --hosts 3 --rate 1gbit`, as
+root), `--lab hvk --rate-gbit 1` launches through `hvdkerasrun` with the
+lab's ssh stand-in, so the ranks of different hosts share no memory and
+their traffic crosses the shaped links; the table then adds the bus
+bandwidth of each path as a percentage of the link's limit (a host's one
+link must carry 2(H-1)/H of the tensor out and as much in, for H hosts).
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import subprocess
 import sys
 import time
 
-SIZES = {"4MB": 4 << 20, "64MB": 64 << 20}
-LAYOUTS = {"2x1": "h0:1,h1:1", "2x2": "h0:2,h1:2"}
+SIZES = {"4MB": 4 << 20, "64MB": 64 << 20, "256MB": 256 << 20}
+LAYOUTS = {"2x1": "h0:1,h1:1", "2x2": "h0:2,h1:2", "3x1": "h0:1,h1:1,h2:1",
+           "3x2": "h0:2,h1:2,h2:2"}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def worker(sizes: list, iterations: int) -> None:
@@ -62,14 +71,36 @@ def worker(sizes: list, iterations: int) -> None:
     hvd.shutdown()
 
 
+def lab_launcher(lab: str, hosts: str, n: int) -> list:
+    """hvdkerasrun onto the network-namespace lab `lab` (scripts/netlab.py)."""
+    with open(f"/run/netlab-{lab}.json", encoding="utf-8") as f:
+        state = json.load(f)
+    names = [h["host"] for h in state["hosts"]]
+    hosts = ",".join(f"{names[int(h[1:].split(':')[0])]}:{h.split(':')[1]}"
+                     for h in hosts.split(","))
+    ssh = f"{sys.executable} {os.path.join(REPO, 'scripts', 'netlab.py')} --name {lab} ssh"
+    return [os.path.join(os.path.dirname(sys.executable), "hvdkerasrun"), "-np", str(n),
+            "-H", hosts, "--ssh-command", ssh, "--launcher-address", state["launcher"],
+            "--network-interfaces", "eth0", "--no-prefix"]
+
+
+def link_limit_ms(size: int, layout: str, rate_gbit: float) -> float:
+    """The least time an allreduce of `size` bytes can take when each host
+    has one link of `rate_gbit` (full duplex). Pure."""
+    hosts = len(LAYOUTS[layout].split(","))
+    return 2 * (hosts - 1) / hosts * size * 8 / (rate_gbit * 1e9) * 1e3
+
+
 def run_job(layout: str, hierarchical: bool, sizes: list, iterations: int,
-            transport: str) -> dict:
+            transport: str, lab: str = "") -> dict:
     hosts = LAYOUTS[layout]
     n = sum(int(h.split(":")[1]) for h in hosts.split(","))
     env = dict(os.environ, HVDKERAS_HIERARCHICAL_ALLREDUCE="1" if hierarchical else "0")
     if transport == "tcp":
         env["UCX_TLS"] = "tcp,self"
-    cmd = ["mpiexec", "-launcher", "fork", "-hosts", hosts, "-n", str(n), sys.executable,
+    launcher = lab_launcher(lab, hosts, n) if lab else [
+        "mpiexec", "-launcher", "fork", "-hosts", hosts, "-n", str(n)]
+    cmd = [*launcher, sys.executable,
            os.path.abspath(__file__), "--worker", "--sizes", ",".join(sizes),
            "--iterations", str(iterations)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -82,32 +113,42 @@ def run_job(layout: str, hierarchical: bool, sizes: list, iterations: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", default=",".join(SIZES))
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--sizes", default="4MB,64MB", help=f"of {', '.join(SIZES)}")
+    parser.add_argument("--layouts", default="2x1,2x2", help=f"of {', '.join(LAYOUTS)}")
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3,
                         help="alternating flat/hierarchical job pairs per layout")
     parser.add_argument("--transport", choices=("default", "tcp"), default="default")
+    parser.add_argument("--lab", default="", help="run on this network-namespace lab's hosts")
+    parser.add_argument("--rate-gbit", type=float, default=0.0,
+                        help="the lab's link rate, for the percentage of the link's limit")
     args = parser.parse_args()
     sizes = args.sizes.split(",")
     if args.worker:
         worker(sizes, args.iterations)
         return
-    print(f"transport between simulated hosts: {args.transport}; median ms of one allreduce, "
-          f"median over {args.repeat} alternating job pairs")
-    print(f"{'layout':>6}  {'size':>5}  {'flat ms':>8}  {'hier ms':>8}  {'flat/hier':>9}")
+    where = f"lab {args.lab} hosts" if args.lab else f"simulated hosts ({args.transport})"
+    print(f"between {where}; median ms of one allreduce, median over {args.repeat} "
+          "alternating job pairs" + (f"; links {args.rate_gbit:g} Gbit/s" if args.rate_gbit else ""))
+    limit_columns = f"  {'limit ms':>8}  {'flat %':>6}  {'hier %':>6}" if args.rate_gbit else ""
+    print(f"{'layout':>6}  {'size':>5}  {'flat ms':>8}  {'hier ms':>8}  {'flat/hier':>9}"
+          + limit_columns)
     for layout in args.layouts.split(","):
         runs = {False: [], True: []}
         for _ in range(args.repeat):
             for hierarchical in (False, True):
-                result = run_job(layout, hierarchical, sizes, args.iterations, args.transport)
+                result = run_job(layout, hierarchical, sizes, args.iterations, args.transport,
+                                 args.lab)
                 assert result["path"] == ("on" if hierarchical else "off"), result
                 runs[hierarchical].append(result)
         for name in sizes:
             flat = statistics.median(r[name] for r in runs[False])
             hier = statistics.median(r[name] for r in runs[True])
-            print(f"{layout:>6}  {name:>5}  {flat:8.2f}  {hier:8.2f}  {flat / hier:9.2f}",
-                  flush=True)
+            line = f"{layout:>6}  {name:>5}  {flat:8.2f}  {hier:8.2f}  {flat / hier:9.2f}"
+            if args.rate_gbit:
+                limit = link_limit_ms(SIZES[name], layout, args.rate_gbit)
+                line += f"  {limit:8.1f}  {100 * limit / flat:6.0f}  {100 * limit / hier:6.0f}"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":
