@@ -15,10 +15,19 @@ global batch, so both paths must give those results.
 One pytest session per job covers all of tests/parallel/ (the per-file
 sessions of test_collectives_mpi.py would cost a start-up per file and
 layout); a failure still names its test in the output.
+
+By default the suite runs once, on the layout that is hardest for the
+hierarchical path (2+1+1: uneven hosts, a host's ranks not consecutive),
+with that path, and the equivalence runs on 2x2 hierarchical and 2+1+1 flat;
+the flat path's MPI allreduce is the one the single-host sessions run with
+shared memory off (test_collectives_mpi.py), and tests/test_netlab.py runs
+the allreduce files on 2x2 real hosts. HVDKERAS_MULTIHOST_FULL=1 runs the
+suite and the equivalence on both layouts and both paths.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -42,8 +51,15 @@ STALL_SHUTDOWN_S = 30
 
 pytestmark = pytest.mark.usefixtures("op_library_built")
 
-CASES = [pytest.param(layout, path, id=f"{layout}-{path}")
-         for layout in LAYOUTS for path in PATHS]
+FULL = os.environ.get("HVDKERAS_MULTIHOST_FULL") == "1"
+# (layout, path) pairs of the default run: the suite's, then the fit's.
+SUITE_DEFAULT = {("3hosts-2+1+1", "hierarchical")}
+FIT_DEFAULT = {("2hosts-2x2", "hierarchical"), ("3hosts-2+1+1", "flat")}
+
+
+def cases(default: set) -> list:
+    return [pytest.param(layout, path, id=f"{layout}-{path}")
+            for layout in LAYOUTS for path in PATHS if FULL or (layout, path) in default]
 
 
 def _env(path: str) -> dict:
@@ -53,7 +69,7 @@ def _env(path: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
-@pytest.mark.parametrize("layout, path", CASES)
+@pytest.mark.parametrize("layout, path", cases(SUITE_DEFAULT))
 def test_collective_suite_on_simulated_hosts(layout, path):
     np, hosts = LAYOUTS[layout]
     result, reports = run_pytest_under_mpi(np, TESTS / "parallel", timeout=SUITE_TIMEOUT_S,
@@ -63,7 +79,7 @@ def test_collective_suite_on_simulated_hosts(layout, path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(FIT_TIMEOUT_S + 60)
-@pytest.mark.parametrize("layout, path", CASES)
+@pytest.mark.parametrize("layout, path", cases(FIT_DEFAULT))
 def test_fit_matches_one_process_on_simulated_hosts(layout, path):
     np, hosts = LAYOUTS[layout]
     result, reports = run_pytest_under_mpi(
