@@ -168,15 +168,22 @@ def test_min_max_product_while_a_rank_has_joined(dtype):
     def value(r):
         return np.array([1, 2, 3], np.int64) * (r + 1)
 
+    def factor(r):
+        # Products of value() overflow int64 and leave float32's exact range at
+        # 16 ranks; signs and a few 2s stay exact at any rank count, and a zero
+        # or rank 0's own factor from the joined rank would still show.
+        return np.array([1, -1 if r % 2 else 1, 2 if r < 8 else 1], np.int64)
+
     def body():
         active = np.stack([value(r) for r in active_ranks()])
+        factors = np.stack([factor(r) for r in active_ranks()])
         nd = dtype.as_numpy_dtype
         x = tf.constant(value(WORLD_RANK), dtype)
         assert_exact(hvd.allreduce(x, op=hvd.Min, name="j_min"), active.min(0).astype(nd), "Min")
         assert_exact(hvd.allreduce(-x, op=hvd.Max, name="j_max"), (-active).max(0).astype(nd),
                      "Max")
-        assert_exact(hvd.allreduce(x, op=hvd.Product, name="j_prod"), active.prod(0).astype(nd),
-                     "Product")
+        assert_exact(hvd.allreduce(tf.constant(factor(WORLD_RANK), dtype), op=hvd.Product,
+                                   name="j_prod"), factors.prod(0).astype(nd), "Product")
         assert_exact(hvd.allreduce(x, op=hvd.Sum, name="j_sum"), active.sum(0).astype(nd), "Sum")
         if dtype == tf.float32:
             assert_exact(hvd.allreduce(x, op=hvd.Average, name="j_avg"),
