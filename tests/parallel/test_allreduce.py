@@ -34,7 +34,7 @@ def contribution(op: int, shape, rank: int) -> np.ndarray:
     world size and the average is an exact integer. Min/Max: a different
     permutation-like pattern per rank. Product: 1s and 2s, so the product of
     3 ranks is at most 8. Every value fits int8 and uint8 and is exact in
-    float16/bfloat16.
+    float16/bfloat16 (integer sums of 16 or more ranks wrap, as the engine's do).
     """
     i = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
     if op in (hvd.Sum, hvd.Average):
@@ -65,7 +65,10 @@ def reduce_exact(op: int, parts: list[np.ndarray], dtype: tf.DType,
         if op == hvd.Sum:
             out = stacked.sum(0)
         elif op == hvd.Average:
-            out = int_div_toward_zero(stacked.sum(0), size)
+            # The sum is taken in `dtype` (wrapping as C integers do, which
+            # int8/uint8 sums of 16 or more ranks do here), then divided.
+            wrapped = as_dtype(stacked.sum(0), dtype).astype(np.int64)
+            out = int_div_toward_zero(wrapped, size)
         elif op == hvd.Min:
             out = stacked.min(0)
         elif op == hvd.Max:
