@@ -2,8 +2,9 @@
 
 Runs under mpiexec (see tests/test_collectives_mpi.py). Values are small
 integers (or halves of them) so every result is exactly representable in
-every dtype, float16/bfloat16 and int8/uint8 included, and results are
-compared with np.array_equal.
+every dtype, float16/bfloat16 and int8/uint8 included (up to 8 ranks; above,
+integer sums wrap as the engine's do, and the expectations say so), and
+results are compared with np.array_equal.
 """
 
 from __future__ import annotations
