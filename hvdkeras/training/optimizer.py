@@ -23,12 +23,16 @@ import keras
 import tensorflow as tf
 
 from hvdkeras import compat
+from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-from hvdkeras.engine.types import Average
+from hvdkeras.engine.types import Adasum, Average
+from hvdkeras.sharding.sharded_optimizer import sharded_class, shard_holder
+from hvdkeras.sharding.state import ShardState
 from hvdkeras.training import guards
 from hvdkeras.collectives.compression import Compression, Compressor
 from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
 from hvdkeras.training.local_accumulation import LocalGradientAccumulator
+from hvdkeras.training.sharded_reduction import reduce_to_owners
 
 
 class _DistributedOptimizerMixin:
@@ -43,6 +47,29 @@ class _DistributedOptimizerMixin:
         (and is divided by the process set's size when the optimizer was
         made with `scale_local_gradients=True`, as in Horovod)."""
         self._hvdkeras_local_ids.add(id(var))
+        holder = shard_holder(self)
+        if holder is not None:  # every rank keeps its own state for it
+            holder._hvdkeras_shards.replicated_ids.add(id(var))
+
+    def _hvdkeras_variables(self) -> list:
+        """The variables the optimizer was built for."""
+        holder = shard_holder(self)
+        if holder is not None and holder.built:
+            return list(holder._hvdkeras_shards.variables)
+        return compat.optimizer_variables_built_for(self)
+
+    def _hvdkeras_reduce(self, grads: list, variables: list) -> list:
+        """The gradients to apply: averaged (or, with ZeRO stage 2, averaged
+        for this rank's own variables only)."""
+        holder = shard_holder(self)
+        if holder is None or holder._hvdkeras_shards.stage < 2:
+            return reduce_gradients(grads, self._hvdkeras_reduction, variables,
+                                    self._hvdkeras_local_ids)
+        if not holder.built:
+            holder.build(variables)
+        return reduce_to_owners(grads, variables, self._hvdkeras_reduction,
+                                self._hvdkeras_local_ids, holder._hvdkeras_shards,
+                                loss_scaled=holder is not self)
 
     def build(self, variables):
         guards.check_not_inside_loss_scale_optimizer(self)
@@ -60,10 +87,8 @@ class _DistributedOptimizerMixin:
         variables = None if trainable_variables is None else list(trainable_variables)
         if self._hvdkeras_accumulator is not None:
             return self._hvdkeras_apply_accumulated(grads, variables)
-        reduced = reduce_gradients(grads, self._hvdkeras_reduction,
-                                   variables if variables is not None
-                                   else compat.optimizer_variables_built_for(self),
-                                   self._hvdkeras_local_ids)
+        reduced = self._hvdkeras_reduce(grads, variables if variables is not None
+                                        else self._hvdkeras_variables())
         return super().apply(reduced, variables)
 
     def _hvdkeras_apply_accumulated(self, grads, variables):
@@ -75,23 +100,22 @@ class _DistributedOptimizerMixin:
                 )
             self.build(variables)
         if variables is None:
-            variables = compat.optimizer_variables_built_for(self)
+            variables = self._hvdkeras_variables()
         accumulator = self._hvdkeras_accumulator
         if not accumulator.built:
-            accumulator.build(compat.optimizer_variables_built_for(self))
+            accumulator.build(self._hvdkeras_variables())
         positions = [accumulator.position(v) for v in variables]
         window_complete = accumulator.add(grads, positions)
         present = [k for k, g in enumerate(grads) if g is not None]
         base_apply = super().apply
-        settings = self._hvdkeras_reduction
-        local_ids = self._hvdkeras_local_ids
+        reduce = self._hvdkeras_reduce
 
         def update():
             summed = accumulator.values([positions[k] for k in present])
             full = [None] * len(grads)
             for k, value in zip(present, summed):
                 full[k] = value
-            base_apply(reduce_gradients(full, settings, variables, local_ids), variables)
+            base_apply(reduce(full, variables), variables)
             accumulator.reset([positions[k] for k in present])
             return None
 
@@ -140,6 +164,37 @@ def _check_arguments(backward_passes_per_step: int, average_aggregated_gradients
         )
 
 
+def _check_zero_stage(zero_stage: int, op: int, process_set: ProcessSet, optimizer: Any) -> None:
+    if zero_stage not in (0, 1, 2) or isinstance(zero_stage, bool):
+        raise ValueError(f"zero_stage must be 0, 1 or 2, got {zero_stage!r}.")
+    if not zero_stage:
+        return
+    if op == Adasum:
+        raise ValueError("zero_stage=1 or 2 needs op=hvdkeras.Average or Sum: Adasum combines "
+                         "whole gradients and cannot be split by owner. Use zero_stage=0.")
+    if process_set is not global_process_set:
+        raise ValueError("zero_stage=1 or 2 shards state across all ranks; it does not take a "
+                         "process_set yet. Use zero_stage=0 with process_set=.")
+    holder = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(holder, keras.optimizers.MultiOptimizer):
+        raise ValueError("zero_stage=1 or 2 cannot shard a MultiOptimizer (its state lives in "
+                         "several inner optimizers). Use zero_stage=0.")
+    if holder.built:
+        raise ValueError(
+            f"zero_stage={zero_stage} needs an optimizer that has no slots yet, but "
+            f"{holder.name!r} is built. Wrap it before compile()/fit() or build(); for a loaded "
+            "model, compile it again with a new optimizer and load the checkpoint after.")
+
+
+def _shard(optimizer: Any, zero_stage: int, settings: ReductionSettings) -> None:
+    """Puts the sharded-state class in front of the optimizer holding the slots."""
+    holder = getattr(optimizer, "inner_optimizer", optimizer)
+    ps = process_sets.view(settings.process_set)
+    holder.__class__ = sharded_class(type(holder), compat.keep_registered_name)
+    holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{settings.name}_zero",
+                                         settings.process_set, zero_stage)
+
+
 def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          name: Optional[str] = None,
                          compression: Compressor = Compression.none,
@@ -153,7 +208,8 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          device_dense: str = "",
                          device_sparse: str = "",
                          process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+                         scale_local_gradients: bool = True,
+                         zero_stage: int = 0) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer average gradients across all ranks.
 
     Gradients are reduced at the top of `Optimizer.apply`, before the
@@ -206,6 +262,14 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         scale_local_gradients: Divide the gradients of variables registered
             with `optimizer.register_local_var(v)` (not reduced) by the
             process set's size (Horovod's default).
+        zero_stage: Shard the optimizer's state across the ranks (see
+            `docs/memory-scaling.md`). 0 (default): every rank keeps all of
+            it. 1: each rank keeps the slots (moments, accumulators, EMA) of
+            its own share of the variables, updates those and sends them to
+            the others. 2: as 1, and gradients are reduce-scattered, so a
+            rank receives the averaged gradients of its own variables only.
+            Results equal stage 0's within float rounding; checkpoints
+            written through hvdkeras are normal, unsharded files.
 
     Returns:
         The distributed optimizer.
@@ -236,6 +300,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     if isinstance(optimizer, lso_class) and is_distributed(optimizer.inner_optimizer):
         raise ValueError(guards.NESTING_MESSAGE)
     _check_arguments(backward_passes_per_step, average_aggregated_gradients)
+    _check_zero_stage(zero_stage, op, process_set, optimizer)
     settings = ReductionSettings(
         op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
         gradient_predivide_factor=float(gradient_predivide_factor), num_groups=num_groups,
@@ -251,6 +316,8 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                                                average_aggregated_gradients)
         if optimizer.built:
             accumulator.build(compat.optimizer_variables_built_for(optimizer))
+    if zero_stage:
+        _shard(optimizer, zero_stage, settings)
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer._hvdkeras_reduction = settings
     optimizer._hvdkeras_accumulator = accumulator

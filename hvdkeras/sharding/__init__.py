@@ -1,0 +1,12 @@
+"""Sharded optimizer state (ZeRO stages 1 and 2) for Keras 3 optimizers.
+
+`hvdkeras.DistributedOptimizer(optimizer, zero_stage=1|2)` is the way in;
+`docs/memory-scaling.md` explains the stages. The pieces: `plan` (which rank
+owns which variable: pure), `state` (the shard and its slot layout),
+`exchange` (the step's collectives), `sharded_optimizer` (the optimizer
+class) and `state_transfer` (checkpoints).
+"""
+
+from hvdkeras.sharding.plan import REPLICATED, plan_blocks, plan_owners, shard_bytes
+
+__all__ = ["REPLICATED", "plan_blocks", "plan_owners", "shard_bytes"]

@@ -1,0 +1,183 @@
+"""The sharded optimizer: a Keras optimizer that keeps state for its own
+variables only (ZeRO stages 1 and 2), updates them and shares the results.
+
+The class is placed in front of the optimizer that holds the slots (the
+user's optimizer, or a LossScaleOptimizer's inner one) by
+`hvdkeras.DistributedOptimizer(..., zero_stage=1|2)`; the gradient reduction
+in front of it stays in `training/optimizer.py`. `apply` receives a list
+like the variables: reduced gradients for this rank's variables; for the
+others reduced gradients (stage 1), None (stage 2) or a scalar that carries
+the loss-scale decision (stage 2 under loss scaling), which it ignores.
+
+What may import this module: `hvdkeras.sharding` and `hvdkeras.training`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdkeras.collectives.reduction import grouped_allreduce
+from hvdkeras.engine.types import Sum
+from hvdkeras.sharding.exchange import allgather_from_owners
+from hvdkeras.sharding.plan import REPLICATED
+from hvdkeras.sharding.state import ShardState, slot_layout
+
+
+class ShardedOptimizerMixin:
+    """Methods placed in front of the slot-holding optimizer's class."""
+
+    _hvdkeras_shards: ShardState
+
+    def build(self, variables):
+        state = self._hvdkeras_shards
+        if self.built:
+            return
+        built_for = state.plan(list(variables))
+        super().build(built_for)
+        state.layout = slot_layout(self, built_for)
+        state.check_layout(self)
+
+    def apply(self, grads, trainable_variables=None):
+        state = self._hvdkeras_shards
+        grads = list(grads)
+        variables = state.variables if trainable_variables is None else list(trainable_variables)
+        if not self.built:
+            self.build(variables)
+        own_grads, own_vars, replicated = [], [], []
+        for gradient, variable in zip(grads, variables):
+            p = state.position(variable)
+            if state.keeps(p) and gradient is not None:
+                own_grads.append(gradient)
+                own_vars.append(variable)
+                replicated.append(state.owners[p] == REPLICATED)
+        state.applying_replicated = replicated
+        if own_grads:
+            super().apply(own_grads, own_vars)
+        else:
+            self._hvdkeras_step_without_variables()
+        if self.gradient_accumulation_steps and not self.use_ema:
+            steps = self.gradient_accumulation_steps
+            tf.cond(tf.equal(self._iterations % steps, 0),
+                    lambda: self._hvdkeras_share_weights() or tf.constant(True),
+                    lambda: tf.constant(True))
+        else:
+            self._hvdkeras_share_weights()
+
+    def _hvdkeras_step_without_variables(self) -> None:
+        """What `apply` does on a rank that owns none of the gradients: the
+        parts every rank must run (shared counters, the global norm)."""
+        with keras.name_scope(self.name, caller=self):
+            self._backend_apply_gradients([], [])
+        self._iterations.assign_add(1)
+
+    def _hvdkeras_share_weights(self) -> None:
+        """Gives every rank the values of the variables other ranks own."""
+        state = self._hvdkeras_shards
+        if state.world_size == 1:
+            return
+        positions = [p for p in range(len(state.variables)) if state.owners[p] != REPLICATED]
+        values = {p: state.variables[p] for p in positions if state.owners[p] == state.rank}
+        received = allgather_from_owners(
+            {p: tf.convert_to_tensor(v) for p, v in values.items()},
+            {p: state.variables[p].shape for p in positions},
+            {p: tf.as_dtype(state.variables[p].dtype) for p in positions},
+            state.owners, state.rank, state.world_size, f"{state.name}_weights",
+            state.process_set)
+        for p, value in received.items():
+            state.variables[p].assign(value)
+
+    def _clip_gradients(self, grads):
+        state = self._hvdkeras_shards
+        if not (self.global_clipnorm and self.global_clipnorm > 0) or state.world_size == 1:
+            return super()._clip_gradients(grads)
+        # The norm of every rank's gradients together: owners' partial sums
+        # of squares, summed across ranks, plus this rank's local ones.
+        flags = state.applying_replicated
+        dtype = tf.float32
+        sharded = [tf.reduce_sum(tf.square(tf.cast(g, dtype)))
+                   for g, local in zip(grads, flags) if g is not None and not local]
+        local = [tf.reduce_sum(tf.square(tf.cast(g, dtype)))
+                 for g, is_local in zip(grads, flags) if g is not None and is_local]
+        partial = tf.add_n(sharded) if sharded else tf.zeros([], dtype)
+        total = grouped_allreduce([tf.reshape(partial, [1])], name=f"{state.name}_global_norm",
+                                  op=Sum, process_set=state.process_set)[0][0]
+        if local:
+            total = total + tf.add_n(local)
+        norm = tf.sqrt(total)
+        clip = tf.cast(self.global_clipnorm, dtype)
+        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+        return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+
+    def finalize_variable_values(self, var_list):
+        if self.use_ema:
+            self._overwrite_model_variables_with_average_value(self._trainable_variables)
+            self._hvdkeras_share_weights()
+
+    def save_own_variables(self, store):
+        state = self._hvdkeras_shards
+        for i, variable in enumerate(self.variables):
+            if state.layout[i] < 0 or state.keeps(state.layout[i]):
+                store[str(i)] = variable.numpy()
+            elif state.gathered is not None and i in state.gathered:
+                store[str(i)] = state.gathered[i]
+            else:
+                raise RuntimeError(
+                    f"This {type(self).__name__} keeps its state sharded across "
+                    f"{state.world_size} ranks (zero_stage={state.stage}), so this rank alone "
+                    "cannot save it. Save on every rank through hvdkeras: "
+                    "hvdkeras.callbacks.CheckpointCallback, or "
+                    "`with hvdkeras.gathered_optimizer_state(model): ...` around the rank-0 "
+                    "save (every rank enters it).")
+
+    def load_own_variables(self, store):
+        state = self._hvdkeras_shards
+        if len(store.keys()) != len(self.variables):
+            return super().load_own_variables(store)  # Keras warns and skips
+        for i, variable in enumerate(self.variables):
+            value = store[str(i)]
+            if state.layout[i] < 0 or state.keeps(state.layout[i]):
+                variable.assign(value)
+            elif state.collecting:
+                if state.pending is None:
+                    state.pending = {}
+                state.pending[i] = np.asarray(value)
+
+
+def shard_holder(optimizer: Any) -> Optional[Any]:
+    """The sharded optimizer inside `optimizer` (itself or a loss-scale
+    optimizer's inner one), or None."""
+    for candidate in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if isinstance(candidate, ShardedOptimizerMixin):
+            return candidate
+    return None
+
+
+def everywhere_variables(optimizer: Any) -> List[Any]:
+    """`optimizer.variables` that have the same shape on every rank: all of
+    them unless the state is sharded (then the shared and replicated ones)."""
+    holder = shard_holder(optimizer)
+    variables = list(getattr(optimizer, "variables", []) or [])
+    if holder is None or not holder.built:
+        return variables
+    state = holder._hvdkeras_shards
+    sharded = {id(v) for i, v in enumerate(holder.variables) if not state.is_everywhere(i)}
+    return [v for v in variables if id(v) not in sharded]
+
+
+_SHARDED_CLASSES: Dict[type, type] = {}
+
+
+def sharded_class(base: type, keep_name) -> type:
+    """`base` with `ShardedOptimizerMixin` in front, named like `base`."""
+    derived = _SHARDED_CLASSES.get(base)
+    if derived is None:
+        derived = type(base.__name__, (ShardedOptimizerMixin, base), {
+            "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__})
+        keep_name(base, derived)
+        _SHARDED_CLASSES[base] = derived
+    return derived

@@ -1,0 +1,168 @@
+"""What a sharded optimizer knows about its shard, and how its variables
+line up with an unsharded optimizer's.
+
+Note [stand-ins keep the layout]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A sharded optimizer is built on the full variable list, but every variable
+another rank owns is replaced by a stand-in: a one-element-per-axis variable
+with the same rank, dtype and path. So the optimizer creates exactly the
+variables, in exactly the order, that an unsharded one creates (whatever its
+`build` does: Adam's moment lists, Adafactor's factored rows and columns,
+Muon's choice of update by path and rank, Nadam's shared product, EMA and
+accumulators), with full-size slots only for its own variables. Keeping
+that layout is what makes a sharded checkpoint a normal one: slot i of the
+file is slot i of the optimizer on every rank, its value held by the owner
+of the variable it belongs to. Which variable a slot belongs to is read from
+the optimizer's per-variable lists (every built-in optimizer keeps its slots
+in lists indexed like the variables); variables in no such list (the
+iteration count, the learning rate, Nadam's product) are shared and equal
+on every rank.
+
+What may import this module: `hvdkeras.sharding`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdkeras.sharding.plan import REPLICATED, plan_owners
+
+SHARED = -2
+"""The layout entry of an optimizer variable that belongs to no one variable."""
+
+
+def variable_bytes(variable: Any) -> int:
+    """Bytes of a variable's value (elements times item size)."""
+    shape = tuple(int(d) for d in variable.shape)
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(keras.backend.standardize_dtype(
+        variable.dtype)).itemsize
+
+
+def make_stand_in(variable: Any) -> keras.Variable:
+    """A one-element-per-axis variable that answers to `variable`'s path."""
+    with tf.init_scope():
+        stand_in = keras.Variable(initializer="zeros", shape=(1,) * len(variable.shape),
+                                  dtype=variable.dtype, trainable=False,
+                                  name=str(variable.name).split(":")[0])
+    # Optimizers choose per variable by path (Muon: embeddings, excluded layers).
+    stand_in._path = getattr(variable, "path", stand_in.path)
+    if getattr(variable, "overwrite_with_gradient", False):
+        stand_in.overwrite_with_gradient = True
+    return stand_in
+
+
+def slot_layout(optimizer: Any, built_for: Sequence[Any]) -> List[int]:
+    """For each of `optimizer.variables`: the position of the variable it
+    belongs to, or `SHARED`.
+
+    Args:
+        optimizer: A built Keras optimizer.
+        built_for: The list it was built with (stand-ins included).
+
+    Returns:
+        One entry per optimizer variable, in `optimizer.variables` order.
+    """
+    variables = list(optimizer.variables)
+    index = {id(v): i for i, v in enumerate(variables)}
+    layout = [SHARED] * len(variables)
+    count = len(built_for)
+    skip = {"_variables", "_trainable_variables"}
+    for attribute, value in sorted(vars(optimizer).items()):
+        if attribute in skip or not isinstance(value, (list, tuple)) or len(value) != count:
+            continue
+        if not any(id(x) in index for x in value):
+            continue
+        if not all(x is None or id(x) in index for x in value):
+            continue
+        for position, slot in enumerate(value):
+            if slot is not None:
+                layout[index[id(slot)]] = position
+    return layout
+
+
+class ShardState:
+    """The shard of one optimizer: its plan, stand-ins and slot layout.
+
+    Args:
+        rank: This rank's position in the process set.
+        world_size: The process set's size.
+        name: Prefix of the shard's collective names.
+        process_set: The ranks that share the state.
+        stage: 1 or 2 (see `hvdkeras.DistributedOptimizer`).
+    """
+
+    def __init__(self, rank: int, world_size: int, name: str, process_set: Any,
+                 stage: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.name = name
+        self.process_set = process_set
+        self.stage = stage
+        self.replicated_ids: set = set()
+        self.variables: List[Any] = []
+        self.owners: List[int] = []
+        self.positions: Dict[int, int] = {}
+        self.built_for: List[Any] = []
+        self.layout: List[int] = []
+        # On the root rank only, between a collective step and the file
+        # access it serves: values of slots other ranks own, by index.
+        self.gathered: Optional[Dict[int, np.ndarray]] = None
+        self.pending: Optional[Dict[int, np.ndarray]] = None
+        self.collecting = False
+        # The replicated flags of the gradients now being applied, in order
+        # (read by the global-norm clipping of the same step).
+        self.applying_replicated: List[bool] = []
+
+    @property
+    def built(self) -> bool:
+        return bool(self.layout) or bool(self.variables)
+
+    def plan(self, variables: Sequence[Any]) -> List[Any]:
+        """Plans the shard for `variables`; returns the list to build on."""
+        self.variables = list(variables)
+        self.positions = {id(v): i for i, v in enumerate(self.variables)}
+        replicated = {i for i, v in enumerate(self.variables) if id(v) in self.replicated_ids}
+        self.owners = plan_owners([variable_bytes(v) for v in self.variables],
+                                  self.world_size, replicated)
+        self.built_for = [v if self.keeps(i) else make_stand_in(v)
+                          for i, v in enumerate(self.variables)]
+        return self.built_for
+
+    def keeps(self, position: int) -> bool:
+        """Whether this rank holds the real state of `position`."""
+        return self.owners[position] in (self.rank, REPLICATED)
+
+    def position(self, variable: Any) -> int:
+        try:
+            return self.positions[id(variable)]
+        except KeyError:
+            raise ValueError(
+                f"Variable {getattr(variable, 'path', variable)!r} was not among the variables "
+                "this sharded optimizer was built with; a sharded optimizer needs the same "
+                "trainable variables on every call.") from None
+
+    def is_own_slot(self, index: int) -> bool:
+        """Whether optimizer variable `index` is a slot of a variable this rank owns alone."""
+        p = self.layout[index]
+        return p >= 0 and self.owners[p] == self.rank
+
+    def is_everywhere(self, index: int) -> bool:
+        """Whether optimizer variable `index` has the same shape on every rank."""
+        p = self.layout[index]
+        return p == SHARED or self.owners[p] == REPLICATED
+
+    def check_layout(self, optimizer: Any) -> None:
+        """Raises ValueError when a shared variable is not a scalar: a slot
+        this module could not tie to its variable, which would be saved wrong."""
+        odd = [v.path for v, p in zip(optimizer.variables, self.layout)
+               if p == SHARED and len(v.shape) > 0]
+        if odd:
+            raise ValueError(
+                f"{type(optimizer).__name__} keeps optimizer variables {odd[:3]} that hvdkeras "
+                "cannot tie to one model variable (it reads slots from lists indexed like the "
+                "variables, as Keras's optimizers keep them), so their state cannot be sharded. "
+                "Use zero_stage=0 for this optimizer.")

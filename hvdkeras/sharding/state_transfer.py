@@ -1,0 +1,143 @@
+"""Moving sharded optimizer state to and from one rank: for writing a normal
+checkpoint (every owner sends its slots to the root, which writes the file
+in the unsharded layout) and for resuming (the root reads the file and
+sends each owner its slots). Collective: every rank calls these, eagerly.
+
+Only the root holds the whole state, and only while the file is written or
+read; the other ranks send or receive their own slots alone (one alltoall
+per dtype, with nothing travelling between non-root ranks).
+
+What may import this module: `hvdkeras.sharding`, the callbacks and
+`hvdkeras.training`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+import tensorflow as tf
+
+from hvdkeras.collectives import kernels
+from hvdkeras.collectives.objects import allgather_object, broadcast_object
+from hvdkeras.engine import process_sets
+from hvdkeras.sharding.sharded_optimizer import shard_holder
+from hvdkeras.sharding.state import ShardState
+
+ROOT = 0
+
+
+def _dtype_groups(holder: Any, state: ShardState) -> Dict[str, List[int]]:
+    """Indices of the sharded slots, by dtype name (sorted: the same on every rank)."""
+    groups: Dict[str, List[int]] = {}
+    for i, variable in enumerate(holder.variables):
+        if not state.is_everywhere(i):
+            groups.setdefault(tf.as_dtype(variable.dtype).name, []).append(i)
+    return dict(sorted(groups.items()))
+
+
+def _alltoall(flat: np.ndarray, splits: List[int], name: str, set_id: int) -> np.ndarray:
+    output, _ = kernels.alltoall(tf.constant(flat), tf.constant(splits, tf.int64), name, set_id)
+    return output.numpy()
+
+
+def _owned_by(state: ShardState, indices: List[int], rank: int) -> List[int]:
+    return [i for i in indices if state.owners[state.layout[i]] == rank]
+
+
+def gather_to_root(optimizer: Any) -> None:
+    """Puts every slot's value on the root (into `ShardState.gathered`)."""
+    holder = shard_holder(optimizer)
+    state = holder._hvdkeras_shards
+    set_id = process_sets.view(state.process_set).set_id
+    shapes = allgather_object({i: tuple(v.shape) for i, v in enumerate(holder.variables)
+                               if state.is_own_slot(i)},
+                              name=f"{state.name}_gather.shapes", process_set=state.process_set)
+    gathered: Dict[int, np.ndarray] = {}
+    for dtype, indices in _dtype_groups(holder, state).items():
+        mine = [] if state.rank == ROOT else _owned_by(state, indices, state.rank)
+        flat = (np.concatenate([holder.variables[i].numpy().reshape(-1) for i in mine])
+                if mine else np.zeros([0], dtype))
+        splits = [flat.size if r == ROOT else 0 for r in range(state.world_size)]
+        received = _alltoall(flat, splits, f"{state.name}_gather.{dtype}", set_id)
+        if state.rank != ROOT:
+            continue
+        offset = 0
+        for sender in range(state.world_size):
+            if sender == ROOT:
+                continue
+            for i in _owned_by(state, indices, sender):
+                size = int(np.prod(shapes[sender][i], dtype=np.int64))
+                gathered[i] = received[offset:offset + size].reshape(shapes[sender][i])
+                offset += size
+    state.gathered = gathered if state.rank == ROOT else None
+
+
+def scatter_from_root(optimizer: Any) -> None:
+    """Sends each owner the slot values the root read (`ShardState.pending`)."""
+    holder = shard_holder(optimizer)
+    state = holder._hvdkeras_shards
+    set_id = process_sets.view(state.process_set).set_id
+    pending = state.pending or {}
+    present = broadcast_object(sorted(pending) if state.rank == ROOT else None,
+                               root_rank=ROOT, name=f"{state.name}_scatter.present",
+                               process_set=state.process_set)
+    present = set(present)
+    for dtype, indices in _dtype_groups(holder, state).items():
+        indices = [i for i in indices if i in present]
+        if state.rank == ROOT:
+            parts, splits = [], []
+            for r in range(state.world_size):
+                values = ([] if r == ROOT else
+                          [pending[i].astype(dtype, copy=False).reshape(-1)
+                           for i in _owned_by(state, indices, r)])
+                splits.append(int(sum(v.size for v in values)))
+                parts.extend(values)
+            flat = np.concatenate(parts) if parts else np.zeros([0], dtype)
+        else:
+            flat, splits = np.zeros([0], dtype), [0] * state.world_size
+        received = _alltoall(flat, splits, f"{state.name}_scatter.{dtype}", set_id)
+        if state.rank == ROOT:
+            continue
+        offset = 0
+        for i in _owned_by(state, indices, state.rank):
+            variable = holder.variables[i]
+            size = int(np.prod(variable.shape, dtype=np.int64))
+            variable.assign(received[offset:offset + size].reshape(variable.shape))
+            offset += size
+    state.pending = None
+    state.collecting = False
+
+
+@contextlib.contextmanager
+def gathered_optimizer_state(model_or_optimizer: Any) -> Iterator[None]:
+    """Lets rank 0 save a sharded optimizer's whole state inside the block.
+
+    Every rank must enter it (it is collective). Inside, rank 0 holds the
+    values of every slot, so `model.save(...)` / `model.save_weights(...)` on
+    rank 0 writes a normal checkpoint that loads without hvdkeras and into
+    an unsharded optimizer. Outside, rank 0 holds its own shard only again.
+    For an optimizer that is not sharded it does nothing.
+
+    Args:
+        model_or_optimizer: A compiled Keras model, or its optimizer.
+
+    Example:
+
+    ```python
+    with hvd.gathered_optimizer_state(model):
+        if hvd.rank() == 0:
+            model.save("final.keras")
+    ```
+    """
+    optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
+    holder = shard_holder(optimizer)
+    if holder is None or not holder.built or holder._hvdkeras_shards.world_size == 1:
+        yield
+        return
+    gather_to_root(holder)
+    try:
+        yield
+    finally:
+        holder._hvdkeras_shards.gathered = None
