@@ -30,8 +30,12 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.engine": {"hvdkeras.compat"},
     "hvdkeras.collectives": {"hvdkeras.engine", "hvdkeras.compat"},  # compat: XLA custom calls
     "hvdkeras.gpu": {"hvdkeras.engine"},
-    "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat"},
-    "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.collectives", "hvdkeras.gpu",
+    # Sharded optimizer state: below training (which wraps optimizers in it).
+    "hvdkeras.sharding": {"hvdkeras.collectives", "hvdkeras.engine"},
+    "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat",
+                          "hvdkeras.sharding"},
+    "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.sharding", "hvdkeras.collectives",
+                           "hvdkeras.gpu",
                            "hvdkeras.engine", "hvdkeras.compat",
                            "hvdkeras.report.run_data"},  # the figures' key prefix
     "hvdkeras.runner": {"hvdkeras.engine.config", "hvdkeras.engine.failfast"},  # both stdlib-only

@@ -10,6 +10,8 @@ import keras
 from hvdkeras.callbacks._prepare import prepare_model
 from hvdkeras.engine import world
 from hvdkeras.training import checkpoint_naming
+from hvdkeras.sharding.sharded_optimizer import shard_holder
+from hvdkeras.sharding.state_transfer import gathered_optimizer_state
 from hvdkeras.training.checkpoint_writing import save_model_atomic
 
 
@@ -68,11 +70,17 @@ class BestModelCheckpoint(keras.callbacks.Callback):
         if value is None or not checkpoint_naming.improved(float(value), self.best, self.mode):
             return
         self.best = float(value)
-        if world.rank() != 0:
+        sharded = shard_holder(getattr(self.model, "optimizer", None)) is not None
+        if world.rank() != 0 and not sharded:
             return
-        directory = os.path.dirname(os.path.abspath(self.filepath))
-        os.makedirs(directory, exist_ok=True)
-        save_model_atomic(self.model, os.fspath(self.filepath))
+        # Like every epoch-log decision here, this needs logs that agree across
+        # ranks (MetricAverageCallback first); a sharded save needs every rank.
+        with gathered_optimizer_state(self.model):
+            if world.rank() != 0:
+                return
+            directory = os.path.dirname(os.path.abspath(self.filepath))
+            os.makedirs(directory, exist_ok=True)
+            save_model_atomic(self.model, os.fspath(self.filepath))
         if self.verbose:
             print(f"hvdkeras: epoch {epoch + 1}: {self.monitor} improved to {value:.6g}; "
                   f"saved {self.filepath}", flush=True)

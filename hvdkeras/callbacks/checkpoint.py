@@ -9,7 +9,10 @@ from typing import Optional
 import keras
 
 from hvdkeras.callbacks._prepare import prepare_model
+from hvdkeras.collectives.objects import broadcast_object
 from hvdkeras.engine import world
+from hvdkeras.sharding.sharded_optimizer import shard_holder
+from hvdkeras.sharding.state_transfer import gathered_optimizer_state
 from hvdkeras.training import checkpoint_naming
 from hvdkeras.training.checkpoint_writing import save_model_atomic, write_json_atomic
 from hvdkeras.training.resume_state import resume_state
@@ -112,17 +115,33 @@ class CheckpointCallback(keras.callbacks.Callback):
     def _epoch_steps(self) -> int:
         return self.batch_offset + ((self.params or {}).get("steps") or 0)
 
+    def _sharded(self) -> bool:
+        """Whether saving needs every rank: the optimizer's state is sharded."""
+        return shard_holder(getattr(self.model, "optimizer", None)) is not None
+
     def on_train_batch_end(self, batch: int, logs=None) -> None:
-        if self.every_steps is None or world.rank() != 0:
+        if self.every_steps is None or (world.rank() != 0 and not self._sharded()):
             return
         step = self.batch_offset + batch + 1
         if step % self.every_steps == 0 and step < self._epoch_steps():  # the epoch end saves the last
             self._save(self._epoch, step)
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        if world.rank() != 0:
+        sharded = self._sharded()
+        if world.rank() != 0 and not sharded:
             return
-        logs = logs or {}
+        save = self._epoch_wanted(logs or {}) if world.rank() == 0 else None
+        if sharded:  # rank 0 decides; the others must join its save
+            save = broadcast_object(save, root_rank=0, name="hvdkeras_checkpoint_decision")
+        if not save:
+            return
+        self._save(epoch + 1, 0)
+        if self.save_best_only and world.rank() == 0:
+            write_json_atomic(self._state_path,
+                              {"monitor": self.monitor, "mode": self.mode, "best": self.best})
+
+    def _epoch_wanted(self, logs: dict) -> bool:
+        """On rank 0: whether this epoch is saved (updates the best value)."""
         if self.save_best_only:
             value = logs.get(self.monitor)
             if value is None:
@@ -130,17 +149,20 @@ class CheckpointCallback(keras.callbacks.Callback):
                     self._warned_missing = True
                     print(f"hvdkeras: CheckpointCallback cannot find {self.monitor!r} in the epoch "
                           f"logs ({sorted(logs)}); nothing is saved.", flush=True)
-                return
+                return False
             if not checkpoint_naming.improved(float(value), self.best, self.mode):
-                return
+                return False
             self.best = float(value)
-        self._save(epoch + 1, 0)
-        if self.save_best_only:
-            write_json_atomic(self._state_path,
-                              {"monitor": self.monitor, "mode": self.mode, "best": self.best})
+        return True
 
     def _save(self, epochs: int, step: int) -> None:
-        """Writes the checkpoint at `epochs` finished epochs and `step` steps of the next."""
+        """Writes the checkpoint at `epochs` finished epochs and `step` steps of
+        the next (on rank 0; every rank calls it when the state is sharded)."""
+        with gathered_optimizer_state(self.model):
+            if world.rank() == 0:
+                self._write(epochs, step)
+
+    def _write(self, epochs: int, step: int) -> None:
         path = os.path.join(self.directory, checkpoint_naming.checkpoint_name(epochs, step))
         state = resume_state(self.model, epochs, step, world.size(), self._epoch_steps())
         save_model_atomic(self.model, path, resume_state=state)

@@ -5,6 +5,9 @@
 owns which variable: pure), `state` (the shard and its slot layout),
 `exchange` (the step's collectives), `sharded_optimizer` (the optimizer
 class) and `state_transfer` (checkpoints).
+
+What may import it: `hvdkeras.training`, `hvdkeras.callbacks` and the
+top-level package. It imports `hvdkeras.collectives` and `hvdkeras.engine`.
 """
 
 from hvdkeras.sharding.plan import REPLICATED, plan_blocks, plan_owners, shard_bytes

@@ -8,6 +8,7 @@ in front of it stays in `training/optimizer.py`. `apply` receives a list
 like the variables: reduced gradients for this rank's variables; for the
 others reduced gradients (stage 1), None (stage 2) or a scalar that carries
 the loss-scale decision (stage 2 under loss scaling), which it ignores.
+What a rank owns: Note [whole-variable shards] in `plan`.
 
 What may import this module: `hvdkeras.sharding` and `hvdkeras.training`.
 """
@@ -36,6 +37,7 @@ class ShardedOptimizerMixin:
         state = self._hvdkeras_shards
         if self.built:
             return
+        # Other ranks' variables are stand-ins (Note [stand-ins keep the layout]).
         built_for = state.plan(list(variables))
         super().build(built_for)
         state.layout = slot_layout(self, built_for)
@@ -118,33 +120,58 @@ class ShardedOptimizerMixin:
             self._hvdkeras_share_weights()
 
     def save_own_variables(self, store):
-        state = self._hvdkeras_shards
-        for i, variable in enumerate(self.variables):
-            if state.layout[i] < 0 or state.keeps(state.layout[i]):
-                store[str(i)] = variable.numpy()
-            elif state.gathered is not None and i in state.gathered:
-                store[str(i)] = state.gathered[i]
-            else:
-                raise RuntimeError(
-                    f"This {type(self).__name__} keeps its state sharded across "
-                    f"{state.world_size} ranks (zero_stage={state.stage}), so this rank alone "
-                    "cannot save it. Save on every rank through hvdkeras: "
-                    "hvdkeras.callbacks.CheckpointCallback, or "
-                    "`with hvdkeras.gathered_optimizer_state(model): ...` around the rank-0 "
-                    "save (every rank enters it).")
+        save_sharded(self, self.variables, store)
 
     def load_own_variables(self, store):
-        state = self._hvdkeras_shards
-        if len(store.keys()) != len(self.variables):
-            return super().load_own_variables(store)  # Keras warns and skips
-        for i, variable in enumerate(self.variables):
-            value = store[str(i)]
-            if state.layout[i] < 0 or state.keeps(state.layout[i]):
-                variable.assign(value)
-            elif state.collecting:
-                if state.pending is None:
-                    state.pending = {}
-                state.pending[i] = np.asarray(value)
+        if not load_sharded(self, self.variables, store):
+            super().load_own_variables(store)
+
+
+def _where(holder: Any) -> Dict[int, int]:
+    """id of each of the holder's variables -> its index in `holder.variables`."""
+    return {id(v): i for i, v in enumerate(holder.variables)}
+
+
+def save_sharded(holder: Any, variables: List[Any], store: Any) -> None:
+    """Writes `variables` (the holder's, or a loss-scale optimizer's list that
+    contains them) in the unsharded layout: other ranks' slots from the
+    values gathered for this save."""
+    state = holder._hvdkeras_shards
+    where = _where(holder)
+    for k, variable in enumerate(variables):
+        i = where.get(id(variable))
+        if i is None or state.is_everywhere(i) or state.is_own_slot(i):
+            store[str(k)] = variable.numpy()
+        elif state.gathered is not None and i in state.gathered:
+            store[str(k)] = state.gathered[i]
+        else:
+            raise RuntimeError(
+                f"This {type(holder).__name__} keeps its state sharded across "
+                f"{state.world_size} ranks (zero_stage={state.stage}), so this rank alone "
+                "cannot save it. Save through hvdkeras on every rank: "
+                "hvdkeras.callbacks.CheckpointCallback, or "
+                "`with hvdkeras.gathered_optimizer_state(model):` around the rank-0 "
+                "save (every rank enters the block).")
+
+
+def load_sharded(holder: Any, variables: List[Any], store: Any) -> bool:
+    """Reads an unsharded layout into `variables`, keeping this rank's slots
+    (and, on a rank collecting for `scatter_from_root`, the others' values).
+    Returns False, loading nothing, when the counts differ (Keras then warns)."""
+    if len(store.keys()) != len(variables):
+        return False
+    state = holder._hvdkeras_shards
+    where = _where(holder)
+    for k, variable in enumerate(variables):
+        value = store[str(k)]
+        i = where.get(id(variable))
+        if i is None or state.is_everywhere(i) or state.is_own_slot(i):
+            variable.assign(value)
+        elif state.collecting:
+            if state.pending is None:
+                state.pending = {}
+            state.pending[i] = np.asarray(value)
+    return True
 
 
 def shard_holder(optimizer: Any) -> Optional[Any]:

@@ -5,7 +5,9 @@ sends each owner its slots). Collective: every rank calls these, eagerly.
 
 Only the root holds the whole state, and only while the file is written or
 read; the other ranks send or receive their own slots alone (one alltoall
-per dtype, with nothing travelling between non-root ranks).
+per dtype, with nothing travelling between non-root ranks). Slot i of the
+file is slot i of the optimizer on every rank (Note [stand-ins keep the
+layout]).
 
 What may import this module: `hvdkeras.sharding`, the callbacks and
 `hvdkeras.training`.

@@ -19,6 +19,8 @@ from hvdkeras.engine import world
 from hvdkeras.training.checkpoint_naming import (RESUME_ENTRY, newest_first,
                                                  parse_checkpoint_position)
 from hvdkeras.training.model_sync import broadcast_model, build_optimizer
+from hvdkeras.sharding.sharded_optimizer import shard_holder
+from hvdkeras.sharding.state_transfer import scatter_from_root
 from hvdkeras.training.resume_state import apply_random_states
 
 
@@ -110,8 +112,10 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
     and optimizer state, even without a shared filesystem. Without a
     checkpoint the root's current state is broadcast and (0, 0) returned.
     The layers' random-generator states saved with the checkpoint are
-    restored too (see Note [exact resume] in resume_state.py). Call it on
-    every rank, after `compile()`.
+    restored too (see Note [exact resume] in resume_state.py). With a sharded
+    optimizer (`zero_stage` 1 or 2) the root sends each rank the slots of
+    the variables it owns, whatever the number of ranks that wrote the file.
+    Call it on every rank, after `compile()`.
 
     Args:
         model: The compiled, built model (same architecture as saved).
@@ -141,8 +145,14 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
             "keras.Input (or call model.build()), then model.compile(...), then restore."
         )
     build_optimizer(model)
+    holder = shard_holder(model.optimizer)
+    if holder is not None and root_rank != 0:
+        raise ValueError("A sharded optimizer (zero_stage 1 or 2) is restored through rank 0; "
+                         "call restore_training_position with root_rank=0.")
     position, path, failure = TrainingPosition(0, 0), None, None
     if world.rank() == root_rank:
+        if holder is not None:  # keep the other ranks' slots to send them after
+            holder._hvdkeras_shards.collecting = True
         try:
             position, path = _load_newest(model, directory)
         except Exception as error:  # reported on every rank below
@@ -157,6 +167,8 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
             raise RuntimeError(f"{message} Cause: {failure}") from failure
         raise RuntimeError(message)
     broadcast_model(model, root_rank=root_rank)
+    if holder is not None:
+        scatter_from_root(holder)
     position = TrainingPosition(*(int(v) for v in status[:4]))
     if verbose and world.rank() == root_rank:
         if path is not None:

@@ -23,6 +23,7 @@ from hvdkeras.collectives.broadcasting import broadcast_variables
 from hvdkeras.collectives.objects import broadcast_object
 from hvdkeras.engine import world
 from hvdkeras.engine.config import ELASTIC_STATE_DIR as STATE_DIR
+from hvdkeras.sharding.sharded_optimizer import everywhere_variables
 from hvdkeras.training.checkpoint_writing import write_bytes_atomic
 
 STATE_FILE = "elastic-state.pkl"
@@ -163,6 +164,14 @@ class TensorFlowKerasState(TensorFlowState):
     def save(self) -> None:
         self.variables = self._all_variables()  # the optimizer builds its slots late
         super().save()
+
+    def sync(self) -> None:
+        # A sharded optimizer's slots differ per rank by design: only what
+        # every rank holds alike travels.
+        self.variables = self._all_variables()
+        broadcast_variables(list(self.model.variables) + everywhere_variables(self.optimizer),
+                            root_rank=0, name="HvdkerasElasticVariables")
+        ObjectState.sync(self)
 
 
 def run(func: Callable) -> Callable:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence
 
 from hvdkeras.collectives.broadcasting import broadcast_variables
+from hvdkeras.sharding.sharded_optimizer import everywhere_variables
 
 
 def _model_label(model: Any) -> str:
@@ -59,7 +60,8 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
 
     Covers the model's weights (trainable and not, plus random-seed state)
     and every optimizer variable: iteration count, learning rate, slots, and
-    a loss-scale optimizer's scale. The optimizer is built first if needed,
+    a loss-scale optimizer's scale. A sharded optimizer (`zero_stage` 1 or
+    2) keeps its slots where they are: each rank owns its own. The optimizer is built first if needed,
     so its slots exist and are synchronised too. All values travel in one
     fused broadcast. Call it on every rank.
 
@@ -82,7 +84,7 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
     optimizer = build_optimizer(model, optimizer)
     variables = list(model.variables)
     if optimizer is not None:
-        variables += list(optimizer.variables)
+        variables += everywhere_variables(optimizer)
     kept = {id(v) for v in exclude}
     broadcast_variables([v for v in _unique(variables) if id(v) not in kept],
                         root_rank=root_rank, name="hvdkeras_broadcast_model")

@@ -26,7 +26,8 @@ from hvdkeras import compat
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average
-from hvdkeras.sharding.sharded_optimizer import sharded_class, shard_holder
+from hvdkeras.sharding.sharded_optimizer import (load_sharded, save_sharded, sharded_class,
+                                                 shard_holder)
 from hvdkeras.sharding.state import ShardState
 from hvdkeras.training import guards
 from hvdkeras.collectives.compression import Compression, Compressor
@@ -50,6 +51,18 @@ class _DistributedOptimizerMixin:
         holder = shard_holder(self)
         if holder is not None:  # every rank keeps its own state for it
             holder._hvdkeras_shards.replicated_ids.add(id(var))
+
+    def save_own_variables(self, store):
+        holder = shard_holder(self)
+        if holder is None or holder is self or not holder.built:
+            return super().save_own_variables(store)
+        save_sharded(holder, self.variables, store)  # a loss-scale optimizer around the shards
+
+    def load_own_variables(self, store):
+        holder = shard_holder(self)
+        if holder is None or holder is self or not holder.built \
+                or not load_sharded(holder, self.variables, store):
+            super().load_own_variables(store)
 
     def _hvdkeras_variables(self) -> list:
         """The variables the optimizer was built for."""
