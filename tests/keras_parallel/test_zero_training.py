@@ -1,0 +1,109 @@
+"""Sharded optimizer state in `model.fit`: N ranks equal one process on the
+global batch, checkpoints are normal unsharded files (equal to stage 0's),
+and resuming restores every rank's shard exactly.
+
+Runs at 2 ranks (tests/test_keras_mpi.py) and at 4 (tests/test_zero.py)."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvdkeras as hvd
+from keras_helpers import (assert_weights_close, assert_weights_moved, fit_distributed, mlp,
+                           regression_data, run_reference, shard, variable_values)
+
+tf.config.experimental.enable_op_determinism()
+
+B, STEPS, SEED = 4, 5, 23
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw_global_clipnorm": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1,
+                                                            global_clipnorm=0.05),
+}
+
+
+def _compiled(optimizer):
+    model = mlp(SEED)
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def _data(steps=STEPS):
+    return regression_data(seed=9, rows=steps * hvd.size() * B)
+
+
+def _full_state(model, tmp_path, name):
+    """The model's weights and whole optimizer state, as a normal file holds
+    them: saved through hvdkeras on rank 0, loaded by plain Keras."""
+    path = os.path.join(str(tmp_path), f"{name}.keras")
+    with hvd.gathered_optimizer_state(model):
+        if hvd.rank() == 0:
+            model.save(path)
+    state = None
+    if hvd.rank() == 0:
+        loaded = keras.models.load_model(path)
+        plain = type(loaded.optimizer)
+        assert plain is getattr(keras.optimizers, plain.__name__), plain  # Keras's own class
+        state = (loaded.get_weights(), variable_values(loaded.optimizer.variables))
+    return hvd.broadcast_object(state, root_rank=0, name=f"state_{name}")
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_fit_matches_one_process_and_saves_the_whole_state(kind, stage, tmp_path):
+    x, y = _data()
+    model = _compiled(hvd.DistributedOptimizer(OPTIMIZERS[kind](), zero_stage=stage))
+    initial = [w.copy() for w in model.get_weights()]
+    fit_distributed(model, shard(x, STEPS, B), shard(y, STEPS, B), batch_size=B)
+    reference = run_reference(lambda: _compiled(OPTIMIZERS[kind]()), x, y,
+                              batch_size=hvd.size() * B)
+    assert_weights_moved(initial, reference.get_weights(), kind)
+    assert_weights_close(model.get_weights(), reference.get_weights(), f"{kind} weights")
+    weights, optimizer_state = _full_state(model, tmp_path, f"{kind}{stage}")
+    assert_weights_close(weights, reference.get_weights(), f"{kind} saved weights")
+    assert_weights_close(optimizer_state, variable_values(reference.optimizer.variables),
+                         f"{kind} saved optimizer state")
+
+
+def _fit_with_checkpoints(model, directory, epochs, initial_epoch=0):
+    x, y = regression_data(seed=40 + hvd.rank(), rows=12)
+    model.fit(x, y, batch_size=4, epochs=epochs, initial_epoch=initial_epoch, verbose=0,
+              shuffle=False, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                        hvd.callbacks.CheckpointCallback(directory)])
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_checkpoint_resume_continues_exactly(stage, tmp_path):
+    directory = str(tmp_path / f"ckpt{stage}")
+    make = lambda: _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01),  # noqa: E731
+                                                      zero_stage=stage))
+    uninterrupted = make()
+    _fit_with_checkpoints(uninterrupted, str(tmp_path / f"u{stage}"), epochs=3)
+
+    first = make()
+    _fit_with_checkpoints(first, directory, epochs=2)
+    if hvd.rank() == 0:
+        assert sorted(os.listdir(directory)) == ["epoch-00001.keras", "epoch-00002.keras"]
+    saved = _full_state(first, tmp_path, f"first{stage}")
+
+    resumed = make()
+    epoch = hvd.restore_from_checkpoint(resumed, directory, verbose=0)
+    assert epoch == 2
+    restored = _full_state(resumed, tmp_path, f"resumed{stage}")
+    for got, want in zip(restored[1], saved[1]):
+        np.testing.assert_array_equal(got, want)  # every rank's shard, bit for bit
+    _fit_with_checkpoints(resumed, directory, epochs=3, initial_epoch=2)
+    assert_weights_close(resumed.get_weights(), uninterrupted.get_weights(), "resumed weights")
+
+
+def test_rank_zero_alone_cannot_save_sharded_state(tmp_path):
+    if hvd.size() == 1:
+        pytest.skip("with one rank nothing is sharded")
+    model = _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), zero_stage=1))
+    x, y = _data(1)
+    fit_distributed(model, shard(x, 1, B), shard(y, 1, B), batch_size=B)
+    with pytest.raises(RuntimeError, match="gathered_optimizer_state"):
+        model.save(os.path.join(str(tmp_path), "alone.keras"))
