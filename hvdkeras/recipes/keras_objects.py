@@ -112,4 +112,5 @@ def make_optimizer(recipe: dict, learning_rate: Any):
     compression = getattr(Compression, opt["compression"])
     return DistributedOptimizer(
         optimizer, compression=compression,
-        backward_passes_per_step=opt["backward_passes_per_step"])
+        backward_passes_per_step=opt["backward_passes_per_step"],
+        zero_stage=recipe["training"]["zero_stage"])

@@ -32,7 +32,8 @@ A recipe, with the defaults::
       schedule: null              # {name: cosine | exponential | piecewise | polynomial | inverse_time | constant, ...}
       compression: none           # none | fp16 | bf16
       backward_passes_per_step: 1
-    training: {epochs: 10, steps: null, steps_per_epoch: null, loss: ..., metrics: [accuracy], ...}
+    training: {epochs: 10, steps: null, steps_per_epoch: null, loss: ..., metrics: [accuracy],
+               zero_stage: 0, ...}
     checkpoint: null              # {dir, keep: 3, best_only: false, monitor: val_loss, mode: auto, resume: true}
     callbacks: {early_stopping: null, tensorboard: null, csv_logger: null, gpu_stats: false}
     engine: {fusion_threshold: null, cycle_time_ms: null, timeline: null, autotune: null}
@@ -145,6 +146,9 @@ TRAINING = Map({
                      default=["accuracy"]),
     "mixed_precision": Field(_Precision(), default="none"),
     "steps_per_execution": Field(Int(1, MAX_STEPS), default=1),
+    "zero_stage": Field(Int(0, 2), default=0,
+                        help="shard optimizer state across ranks: 1 (state), 2 (state and "
+                             "gradients); see docs/memory-scaling.md"),
     "verbose": Field(Union(Str(choices=("auto",)), Int(0, 2)), default="auto"),
 }, what="the training section")
 

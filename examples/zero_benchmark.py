@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Memory and step time of sharded optimizer state (zero_stage 0, 1, 2).
+
+    python examples/zero_benchmark.py --model ResNet50 --image-size 64 --ranks 2,4,8
+
+For each rank count and each stage it launches one job (hvdkerasrun), trains
+the model through model.fit on synthetic data with Adam, and prints one
+table: optimizer-state bytes on the fullest rank (against stage 0 and the
+1/N ideal), the largest peak RSS over the ranks, and the median step time
+with its ratio to stage 0 at the same rank count. Step times are measured at
+every rank count but mean something only where each rank has a core of its
+own (`--timed-ranks`, default 2); elsewhere the row says "oversubscribed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List
+
+HERE = os.path.abspath(__file__)
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="ResNet50", help="a keras.applications model")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=8, help="per rank")
+    p.add_argument("--ranks", default="2,4,8", help="rank counts, comma-separated")
+    p.add_argument("--timed-ranks", type=int, default=2,
+                   help="the rank count whose step times are reported")
+    p.add_argument("--warmup", type=int, default=3, help="steps before timing")
+    p.add_argument("--steps", type=int, default=12, help="timed steps (at --timed-ranks)")
+    p.add_argument("--stage", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import hvdkeras as hvd
+
+    hvd.init()
+    model = getattr(keras.applications, args.model)(
+        weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-4), zero_stage=args.stage)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    images = tf.random.uniform([args.batch_size, args.image_size, args.image_size, 3])
+    labels = tf.random.uniform([args.batch_size], maxval=1000, dtype=tf.int64)
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    times: List[float] = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    model.fit(data, steps_per_epoch=args.warmup, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    model.fit(data, steps_per_epoch=args.steps, epochs=1, verbose=0, callbacks=[Timer()])
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    state_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype.name if hasattr(v.dtype, "name")
+                                                       else v.dtype).itemsize
+                      for v in inner.variables)
+    weight_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    rows = hvd.allgather_object({"state": state_bytes, "rss": peak_rss_bytes(),
+                                 "step_ms": 1000 * statistics.median(times)})
+    if hvd.rank() == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": rows, "weights": weight_bytes}, f)
+
+
+def launch(args: argparse.Namespace, ranks: int, stage: int, work: str) -> dict:
+    out = os.path.join(work, f"np{ranks}-stage{stage}.json")
+    steps = args.steps if ranks == args.timed_ranks else 2
+    subprocess.run(["hvdkerasrun", "-np", str(ranks), sys.executable, HERE,
+                    "--model", args.model, "--image-size", str(args.image_size),
+                    "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
+                    "--steps", str(steps), "--stage", str(stage), "--json", out], check=True)
+    with open(out) as f:
+        return json.load(f)
+
+
+def main(argv: List[str]) -> None:
+    args = parse_args(argv)
+    if args.stage is not None:
+        run_worker(args)
+        return
+    mib = 2.0 ** 20
+    lines = [f"{args.model} {args.image_size}px, Adam, batch {args.batch_size} per rank, "
+             f"{os.cpu_count()} cores",
+             "| ranks | stage | optimizer state, fullest rank MiB | of stage 0 | 1/N | "
+             "peak RSS, largest rank MiB | RSS vs stage 0 MiB | step ms (median) | "
+             "step vs stage 0 |", "|---|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory(prefix="zero-benchmark-") as work:
+        for ranks in [int(r) for r in args.ranks.split(",")]:
+            base = None
+            for stage in (0, 1, 2):
+                result = launch(args, ranks, stage, work)
+                state = max(r["state"] for r in result["ranks"])
+                rss = max(r["rss"] for r in result["ranks"])
+                step = max(r["step_ms"] for r in result["ranks"])
+                base = base or (state, rss, step)
+                timed = (f"{step:.0f} | {step / base[2]:.3f}" if ranks == args.timed_ranks
+                         else "oversubscribed | -")
+                lines.append(f"| {ranks} | {stage} | {state / mib:.1f} | "
+                             f"{state / base[0]:.3f} | {1 / ranks:.3f} | {rss / mib:.0f} | "
+                             f"{(rss - base[1]) / mib:+.0f} | {timed} |")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
