@@ -60,14 +60,15 @@ def test_digits_main_job_reaches_95_percent(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_tabular_mlp_short_with_overrides_and_engine_knobs(tmp_path):
-    """Also exercises mixed precision, bf16 gradient compression and local
-    gradient accumulation (2 passes per update) on 2 ranks."""
+    """Also exercises mixed precision, bf16 gradient compression, local
+    gradient accumulation (2 passes per update) and sharded optimizer state
+    (training.zero_stage=2) on 2 ranks."""
     timeline = tmp_path / "timeline.json"
     history = tmp_path / "history.csv"
     _, summary = train(RECIPES / "tabular_mlp.yaml",
                        "training.epochs=2", "training.steps_per_epoch=4", "data.batch_size=16",
                        "training.mixed_precision=mixed_bfloat16", "optimizer.compression=bf16",
-                       "optimizer.backward_passes_per_step=2",
+                       "optimizer.backward_passes_per_step=2", "training.zero_stage=2",
                        f"engine.timeline={timeline}", "engine.cycle_time_ms=2",
                        f"callbacks.csv_logger={{path: {history}}}",
                        summary=tmp_path / "summary.json", timeout=TIMEOUT)

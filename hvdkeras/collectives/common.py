@@ -11,6 +11,12 @@ negotiates. Eagerly a wrapper passes `name` itself or a fixed default per
 kind of collective: eager ops run one after another in program order, so
 repeating a default is safe. The collectives in a gradient are named after
 the forward op ("<name>_grad", `grad_name`) so the backward passes match too.
+Node names match across ranks only while the ranks trace the same graph.
+A sharded optimizer's step differs per rank by design (each rank updates
+its own variables), and a node inlined from a `tf.cond` branch is named by
+its position in the branch, so there the wrappers run under
+`fixed_collective_names()`: the engine name is `name`, as eagerly, and the
+caller keeps each name unique within a step.
 
 What may import this module: the rest of `hvdkeras.collectives`, and
 `hvdkeras.training` for `scale_values`.
@@ -18,8 +24,10 @@ What may import this module: the rest of `hvdkeras.collectives`, and
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import threading
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -61,14 +69,30 @@ def op_name(name: Optional[str], default: str) -> str:
     return cleaned if cleaned[0].isalnum() or cleaned[0] == "." else "t" + cleaned
 
 
+_fixed = threading.local()
+
+
+@contextlib.contextmanager
+def fixed_collective_names() -> Iterator[None]:
+    """Collectives built inside use their given names as engine names, in
+    graphs too (Note [collective names])."""
+    before = getattr(_fixed, "on", False)
+    _fixed.on = True
+    try:
+        yield
+    finally:
+        _fixed.on = before
+
+
 def names(name: Optional[str], default: str) -> Tuple[str, str]:
     """(graph op name, engine tensor name) for one collective call.
 
-    See Note [collective names]: eagerly the engine name is explicit; in a
-    graph it is left empty so the kernel uses the node name.
+    See Note [collective names]: eagerly (or under `fixed_collective_names`)
+    the engine name is explicit; in a graph it is left empty so the kernel
+    uses the node name.
     """
     graph_name = op_name(name, default)
-    if tf.executing_eagerly():
+    if tf.executing_eagerly() or getattr(_fixed, "on", False):
         return graph_name, name or default
     return graph_name, ""
 

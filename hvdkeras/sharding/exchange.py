@@ -1,14 +1,16 @@
 """The collectives of a sharded optimizer step: gradients to their owners
-(reduce-scatter, ZeRO stage 2) and updated weights back to every rank
-(allgather, stages 1 and 2).
+(reduce-scatter, ZeRO stage 2) and updated weights back to every rank (a
+broadcast from each owner, stages 1 and 2).
 
-Both work on flat buffers laid out by `plan.plan_blocks`: one block per rank,
-holding that rank's variables one after another, so one fused collective per
-dtype moves everything. Under XLA (Note [xla collectives]) only the allreduce
-has a compiled form: there the gradients are allreduced and each rank keeps
-its part, and the weights travel as an allreduce (Sum) of buffers that are
-zero outside each rank's own block. Both give the same values, at about
-twice the bytes.
+The reduce-scatter works on one flat buffer per dtype laid out by
+`plan.plan_blocks`: one block per rank, holding that rank's variables one
+after another, padded to the longest block. The weights travel as one fused
+broadcast per owner, whose outputs are the variables' own tensors (no flat
+buffer to cut up again). Under XLA (Note [xla collectives]) the reduce-scatter
+has no compiled form and XLA orders the custom calls itself: there the
+gradients are allreduced and each rank keeps its own, and the weights travel
+as one allreduce of values that are zero where another rank owns: the same
+values, at about twice the bytes.
 
 What may import this module: `hvdkeras.sharding`.
 """
@@ -20,7 +22,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 import tensorflow as tf
 
 from hvdkeras.collectives import kernels
-from hvdkeras.collectives.gather_scatter import grouped_allgather_mixed
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
@@ -39,17 +40,6 @@ def _by_dtype(positions: Sequence[int], dtype_of: Callable[[int], tf.DType]
 
 def _flat(tensor) -> tf.Tensor:
     return tf.reshape(tf.convert_to_tensor(tensor), [-1])
-
-
-def _block(blocks: Blocks, rank: int, values: Dict[int, tf.Tensor], dtype: tf.DType,
-           pad_to: Optional[int] = None) -> tf.Tensor:
-    """Rank `rank`'s block as one flat tensor (zero-padded to `pad_to`)."""
-    parts = [_flat(values[p]) for p in blocks.members[rank]]
-    if pad_to is not None and pad_to > blocks.lengths[rank]:
-        parts.append(tf.zeros([pad_to - blocks.lengths[rank]], dtype))
-    if not parts:
-        return tf.zeros([0], dtype)
-    return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
 
 def _unpack(flat: tf.Tensor, blocks: Blocks, rank: int, start: int,
@@ -97,24 +87,27 @@ def reduce_scatter_to_owners(gradients: Dict[int, tf.Tensor], owners: Sequence[i
             continue
         if blocks.padded == 0:
             continue
-        buffer = tf.concat([_block(blocks, r, gradients, dtype, blocks.padded)
-                            for r in range(world_size)], 0)
+        parts = []
+        for r in range(world_size):
+            parts += [_flat(gradients[p]) for p in blocks.members[r]]
+            if blocks.padded > blocks.lengths[r]:
+                parts.append(tf.zeros([blocks.padded - blocks.lengths[r]], dtype))
+        buffer = tf.concat(parts, 0)
         mine = kernels.reducescatter([buffer], op, prescale, postscale, group_name,
                                      process_sets.view(process_set).set_id)[0]
         result.update(_unpack(mine, blocks, rank, 0, shapes))
     return result
 
 
-def allgather_from_owners(values: Dict[int, tf.Tensor], shapes: Dict[int, tf.TensorShape],
-                          dtypes: Dict[int, tf.DType], owners: Sequence[int], rank: int,
+def broadcast_from_owners(values: Dict[int, tf.Tensor], owners: Sequence[int], rank: int,
                           world_size: int, name: str,
                           process_set: ProcessSet) -> Dict[int, tf.Tensor]:
-    """Every rank's variables, from the ranks that own them.
+    """Every rank's variables, from the ranks that own them: one fused
+    broadcast per owner (and dtype), each variable a tensor of its own.
 
     Args:
-        values: This rank's own values, by position.
-        shapes: The full shape of every position to gather.
-        dtypes: The dtype of every position to gather.
+        values: The current value of every position to share (a rank's own
+            are sent; the others only give the shapes).
         owners: The plan.
         rank: This rank's position in the process set.
         world_size: The process set's size.
@@ -122,33 +115,26 @@ def allgather_from_owners(values: Dict[int, tf.Tensor], shapes: Dict[int, tf.Ten
         process_set: The ranks that share the state.
 
     Returns:
-        The values of the positions other ranks own.
+        The received value of every position (this rank's own included:
+        see `ShardedOptimizerMixin._hvdkeras_share_weights`).
     """
-    groups = _by_dtype(sorted(shapes), lambda p: dtypes[p])
-    layouts = []
-    mine = []
-    for dtype, positions in groups.items():
-        blocks = plan_blocks(positions, {p: shapes[p].num_elements() for p in positions},
-                             owners, world_size)
-        layouts.append(blocks)
-        if kernels.in_xla():
-            total = sum(blocks.lengths)
-            before = sum(blocks.lengths[:rank])
-            own = _block(blocks, rank, values, dtype)
-            mine.append(tf.pad(own, [[before, total - before - blocks.lengths[rank]]]))
-        else:
-            mine.append(_block(blocks, rank, values, dtype))
-    if not mine:
-        return {}
     if kernels.in_xla():
-        gathered = grouped_allreduce(mine, name=name, op=Sum, process_set=process_set)
-    else:
-        gathered = grouped_allgather_mixed(mine, name, process_sets.view(process_set).set_id)
+        # XLA runs its custom calls one after another in an order of its own,
+        # so several broadcasts could wait on each other across ranks: one
+        # allreduce (Sum) of values that are zero where another rank owns.
+        positions = sorted(values)
+        summed = grouped_allreduce(
+            [values[p] if owners[p] == rank else tf.zeros_like(values[p]) for p in positions],
+            name=name, op=Sum, process_set=process_set)
+        return dict(zip(positions, summed))
+    set_id = process_sets.view(process_set).set_id
     result: Dict[int, tf.Tensor] = {}
-    for blocks, flat in zip(layouts, gathered):
-        start = 0
-        for r in range(world_size):
-            if r != rank:
-                result.update(_unpack(flat, blocks, r, start, shapes))
-            start += blocks.lengths[r]
+    for owner in range(world_size):
+        mine = [p for p in sorted(values) if owners[p] == owner]
+        groups = _by_dtype(mine, lambda p: values[p].dtype)
+        for number, positions in enumerate(groups.values()):
+            suffix = "" if number == 0 else f"_{number}"
+            received = kernels.broadcast([values[p] for p in positions], owner,
+                                         f"{name}_from{owner}{suffix}", set_id)
+            result.update(zip(positions, received))
     return result

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine.types import Sum
-from hvdkeras.sharding.exchange import allgather_from_owners
+from hvdkeras.sharding.exchange import broadcast_from_owners
 from hvdkeras.sharding.plan import REPLICATED
 from hvdkeras.sharding.state import ShardState, slot_layout
 
@@ -81,16 +81,21 @@ class ShardedOptimizerMixin:
         state = self._hvdkeras_shards
         if state.world_size == 1:
             return
-        positions = [p for p in range(len(state.variables)) if state.owners[p] != REPLICATED]
-        values = {p: state.variables[p] for p in positions if state.owners[p] == state.rank}
-        received = allgather_from_owners(
-            {p: tf.convert_to_tensor(v) for p, v in values.items()},
-            {p: state.variables[p].shape for p in positions},
-            {p: tf.as_dtype(state.variables[p].dtype) for p in positions},
-            state.owners, state.rank, state.world_size, f"{state.name}_weights",
-            state.process_set)
+        values = {p: tf.convert_to_tensor(v) for p, v in enumerate(state.variables)
+                  if state.owners[p] != REPLICATED}
+        received = broadcast_from_owners(values, state.owners, state.rank, state.world_size,
+                                         f"{state.name}_weights", state.process_set)
+        kept_alive = set()
         for p, value in received.items():
-            state.variables[p].assign(value)
+            if state.owners[p] != state.rank:
+                state.variables[p].assign(value)
+            elif value.dtype not in kept_alive:
+                # In a tf.function an op nothing uses is pruned, and the
+                # collectives are exempt from running in program order, so
+                # each broadcast this rank roots (one per dtype) needs a
+                # consumer too: one assignment of an unchanged value.
+                state.variables[p].assign(value)
+                kept_alive.add(value.dtype)
 
     def _clip_gradients(self, grads):
         state = self._hvdkeras_shards

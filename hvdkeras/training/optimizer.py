@@ -17,12 +17,14 @@ and the top-level package.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Dict, Iterable, Optional, Sequence, Set, Union
 
 import keras
 import tensorflow as tf
 
 from hvdkeras import compat
+from hvdkeras.collectives.common import fixed_collective_names
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average
@@ -92,6 +94,14 @@ class _DistributedOptimizerMixin:
             accumulator.build(list(variables))
 
     def apply(self, grads, trainable_variables=None):
+        # A sharded step's graph differs per rank: its collectives are named
+        # explicitly (Note [collective names]).
+        naming = (fixed_collective_names() if shard_holder(self) is not None
+                  else contextlib.nullcontext())
+        with naming:
+            return self._hvdkeras_apply(grads, trainable_variables)
+
+    def _hvdkeras_apply(self, grads, trainable_variables):
         guards.check_not_inside_loss_scale_optimizer(self)
         grads = list(grads)
         if not grads:
