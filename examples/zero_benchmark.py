@@ -37,6 +37,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                    help="the rank count whose step times are reported")
     p.add_argument("--warmup", type=int, default=3, help="steps before timing")
     p.add_argument("--steps", type=int, default=12, help="timed steps (at --timed-ranks)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="at --timed-ranks, run stages 0, 1, 2 this many times, interleaved, "
+                        "and report the median of the rounds")
     p.add_argument("--stage", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -114,12 +117,16 @@ def main(argv: List[str]) -> None:
              "step vs stage 0 |", "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory(prefix="zero-benchmark-") as work:
         for ranks in [int(r) for r in args.ranks.split(",")]:
+            rounds = args.rounds if ranks == args.timed_ranks else 1
+            results = {stage: [] for stage in (0, 1, 2)}
+            for _ in range(rounds):  # interleaved, so drifts in machine speed hit every stage
+                for stage in results:
+                    results[stage].append(launch(args, ranks, stage, work))
             base = None
-            for stage in (0, 1, 2):
-                result = launch(args, ranks, stage, work)
-                state = max(r["state"] for r in result["ranks"])
-                rss = max(r["rss"] for r in result["ranks"])
-                step = max(r["step_ms"] for r in result["ranks"])
+            for stage, runs in results.items():
+                state = max(r["state"] for r in runs[0]["ranks"])
+                rss = max(r["rss"] for run in runs for r in run["ranks"])
+                step = statistics.median(max(r["step_ms"] for r in run["ranks"]) for run in runs)
                 base = base or (state, rss, step)
                 timed = (f"{step:.0f} | {step / base[2]:.3f}" if ranks == args.timed_ranks
                          else "oversubscribed | -")

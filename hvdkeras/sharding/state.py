@@ -117,10 +117,6 @@ class ShardState:
         # (read by the global-norm clipping of the same step).
         self.applying_replicated: List[bool] = []
 
-    @property
-    def built(self) -> bool:
-        return bool(self.layout) or bool(self.variables)
-
     def plan(self, variables: Sequence[Any]) -> List[Any]:
         """Plans the shard for `variables`; returns the list to build on."""
         self.variables = list(variables)
