@@ -152,6 +152,16 @@ def optimizer_learning_rate_holder(optimizer: Any) -> Optional[Any]:
     return getattr(optimizer, "_learning_rate", None)
 
 
+def set_variable_path(variable: Any, path: str) -> None:
+    """Makes a `keras.Variable` answer to `path` (its `_path`, Keras 3.0-3.15).
+
+    Keras fixes a variable's path from the name scope it was created in and
+    offers no setter; a sharded optimizer's stand-ins need the path of the
+    variable they stand for (optimizers such as Muon choose by path).
+    """
+    variable._path = path
+
+
 def reset_train_function(model: Any) -> None:
     """Makes `fit()` build the model's train function again.
 

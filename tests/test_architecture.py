@@ -31,7 +31,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.collectives": {"hvdkeras.engine", "hvdkeras.compat"},  # compat: XLA custom calls
     "hvdkeras.gpu": {"hvdkeras.engine"},
     # Sharded optimizer state: below training (which wraps optimizers in it).
-    "hvdkeras.sharding": {"hvdkeras.collectives", "hvdkeras.engine"},
+    "hvdkeras.sharding": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat"},
     "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat",
                           "hvdkeras.sharding"},
     "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.sharding", "hvdkeras.collectives",

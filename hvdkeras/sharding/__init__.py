@@ -7,7 +7,8 @@ owns which variable: pure), `state` (the shard and its slot layout),
 class) and `state_transfer` (checkpoints).
 
 What may import it: `hvdkeras.training`, `hvdkeras.callbacks` and the
-top-level package. It imports `hvdkeras.collectives` and `hvdkeras.engine`.
+top-level package. It imports `hvdkeras.collectives`, `hvdkeras.engine` and
+`hvdkeras.compat`.
 """
 
 from hvdkeras.sharding.plan import REPLICATED, plan_blocks, plan_owners, shard_bytes

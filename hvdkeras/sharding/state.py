@@ -29,6 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvdkeras import compat
 from hvdkeras.sharding.plan import REPLICATED, plan_owners
 
 SHARED = -2
@@ -49,7 +50,7 @@ def make_stand_in(variable: Any) -> keras.Variable:
                                   dtype=variable.dtype, trainable=False,
                                   name=str(variable.name).split(":")[0])
     # Optimizers choose per variable by path (Muon: embeddings, excluded layers).
-    stand_in._path = getattr(variable, "path", stand_in.path)
+    compat.set_variable_path(stand_in, getattr(variable, "path", stand_in.path))
     if getattr(variable, "overwrite_with_gradient", False):
         stand_in.overwrite_with_gradient = True
     return stand_in

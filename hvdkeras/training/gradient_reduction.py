@@ -164,7 +164,7 @@ def plan_groups(present: Sequence[int], num_groups: int = 0,
     return planned
 
 
-def _positions_of(groups: Sequence[Sequence], variables: Sequence) -> List[List[int]]:
+def positions_of(groups: Sequence[Sequence], variables: Sequence) -> List[List[int]]:
     """Maps groups of variables to positions in `variables` (by identity)."""
     index = {id(v): i for i, v in enumerate(variables)}
     positions = []
@@ -268,7 +268,7 @@ def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
     if settings.groups is not None:
         if variables is None:
             raise ValueError("groups= needs the variables the gradients belong to.")
-        explicit = _positions_of(settings.groups, list(variables))
+        explicit = positions_of(settings.groups, list(variables))
     planned = plan_groups(present, settings.num_groups, explicit)
     for number, positions in enumerate(planned):
         name = settings.name if len(planned) == 1 else f"{settings.name}_{number}"

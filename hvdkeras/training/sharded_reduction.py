@@ -24,7 +24,8 @@ from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Min
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
 from hvdkeras.sharding.state import ShardState
-from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients, scale_factors
+from hvdkeras.training.gradient_reduction import (ReductionSettings, plan_groups, positions_of,
+                                                 reduce_gradients, scale_factors)
 
 
 def _stays_whole(gradient, variable, settings: ReductionSettings,
@@ -60,16 +61,21 @@ def reduce_to_owners(gradients: Sequence, variables: Sequence, settings: Reducti
     ps = process_sets.view(settings.process_set)
     wire_op, prescale, postscale = scale_factors(settings.op, settings.gradient_predivide_factor,
                                                  ps.size)
-    packed = {}
-    for i in split:
-        dense = tf.convert_to_tensor(gradients[i])
-        packed[state.position(variables[i])] = (i, settings.compression.compress(dense))
-    mine = reduce_scatter_to_owners({p: c[0] for p, (_, c) in packed.items()}, state.owners,
-                                    state.rank, state.world_size, f"{settings.name}_shards",
-                                    wire_op, prescale, postscale, settings.process_set)
-    for p, reduced in mine.items():
-        i, (_, context) = packed[p]
-        result[i] = settings.compression.decompress(reduced, context)
+    explicit = (None if settings.groups is None
+                else positions_of(settings.groups, list(variables)))
+    planned = plan_groups(split, settings.num_groups, explicit)
+    for number, group in enumerate(planned):  # groups as in stage 0: see num_groups
+        packed = {}
+        for i in group:
+            dense = tf.convert_to_tensor(gradients[i])
+            packed[state.position(variables[i])] = (i, settings.compression.compress(dense))
+        name = f"{settings.name}_shards" + ("" if len(planned) == 1 else f"_{number}")
+        mine = reduce_scatter_to_owners({p: c[0] for p, (_, c) in packed.items()}, state.owners,
+                                        state.rank, state.world_size, name, wire_op, prescale,
+                                        postscale, settings.process_set)
+        for p, reduced in mine.items():
+            i, (_, context) = packed[p]
+            result[i] = settings.compression.decompress(reduced, context)
     if loss_scaled:
         for i in whole:
             if not state.keeps(state.position(variables[i])):

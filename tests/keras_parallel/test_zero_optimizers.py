@@ -217,3 +217,19 @@ def test_bad_settings_are_named():
     built.build(_variables())
     with pytest.raises(ValueError, match="is built"):
         hvd.DistributedOptimizer(built, zero_stage=1)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("grouping", ["num_groups", "groups"])
+def test_gradient_groups(stage, grouping):
+    """Gradients reduced in several groups (what lets reduction overlap the
+    backward pass) give the same result."""
+    grads = _gradients(3, seed=8)
+    variables = _variables()
+    options = ({"num_groups": 3} if grouping == "num_groups"
+               else {"groups": [variables[:2], variables[4:6]]})
+    sharded = hvd.DistributedOptimizer(_make("Adam"), zero_stage=stage, name=f"g{stage}{grouping}",
+                                       **options)
+    got = _run(sharded, variables, grads)
+    want = _run(_make("Adam"), _variables(), grads, mean=True)
+    _assert_close(got, want, f"{grouping} stage {stage}")
