@@ -58,8 +58,11 @@ def test_other_lines_are_kept(line):
 def test_quiet_unless_the_user_chose_a_level():
     assert startup_noise.quiet_env({}) == {"TF_CPP_MIN_LOG_LEVEL": "2",
                                            "HVDKERAS_QUIET_STARTUP": "1"}
-    assert startup_noise.quiet_env({"TF_CPP_MIN_LOG_LEVEL": "0"}) == {}
-    assert startup_noise.quiet_env({"TF_CPP_MIN_LOG_LEVEL": "3"}) == {}
+    # TensorFlow's own level cannot hide the start-up lines: setting it
+    # (usually to 2, "be quiet") keeps the filter on and the level as set.
+    for level in ("0", "2", "3"):
+        assert startup_noise.quiet_env({"TF_CPP_MIN_LOG_LEVEL": level}) == {
+            "HVDKERAS_QUIET_STARTUP": "1"}
     assert startup_noise.quiet_env({"HVDKERAS_LOG_LEVEL": "info"}) == {}
     assert startup_noise.quiet_requested({"HVDKERAS_QUIET_STARTUP": "1"})
     assert not startup_noise.quiet_requested({})
@@ -96,9 +99,13 @@ IMPORT_TF = "import tensorflow as tf; print('value', int(tf.constant(1) + 1))"
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
-def test_launched_ranks_are_quiet_by_default_and_logs_keep_everything(tmp_path):
+@pytest.mark.parametrize("tf_level", [None, "2"], ids=["nothing-set", "TF_CPP_MIN_LOG_LEVEL=2"])
+def test_launched_ranks_are_quiet_by_default_and_logs_keep_everything(tmp_path, tf_level):
+    """Quiet with nothing set, and no noisier with TensorFlow's usual "be
+    quiet" level set."""
+    env = _env_without_levels(**({"TF_CPP_MIN_LOG_LEVEL": tf_level} if tf_level else {}))
     result = _run_clean([BIN / "hvdkerasrun", "-np", "2", "--output-dir", tmp_path,
-                         sys.executable, "-c", IMPORT_TF], _env_without_levels())
+                         sys.executable, "-c", IMPORT_TF], env)
     assert result.returncode == 0, describe(result)
     assert "[0]<stdout>: value 2" in result.stdout and "[1]<stdout>: value 2" in result.stdout
     assert _noise_in(result.stdout) == [], describe(result)
@@ -108,9 +115,10 @@ def test_launched_ranks_are_quiet_by_default_and_logs_keep_everything(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
-@pytest.mark.parametrize("how", ["TF_CPP_MIN_LOG_LEVEL=0", "--log-level=info"])
+@pytest.mark.parametrize("how", ["HVDKERAS_LOG_LEVEL=debug", "--log-level=info"])
 def test_the_users_level_wins(how):
-    env = _env_without_levels(**({"TF_CPP_MIN_LOG_LEVEL": "0"} if how.startswith("TF") else {}))
+    env = _env_without_levels(**({"HVDKERAS_LOG_LEVEL": "debug"} if how.startswith("HVD")
+                                 else {}))
     flags = ["--log-level", "info"] if how.startswith("--") else []
     result = _run_clean([BIN / "hvdkerasrun", "-np", "2", *flags, sys.executable, "-c", IMPORT_TF],
                         env)
@@ -129,3 +137,30 @@ def test_hvdkeras_check_prints_no_startup_lines_unless_asked():
     assert _noise_in(quiet.stdout) == [], describe(quiet)
     loud = _run_clean([BIN / "hvdkeras", "--log-level", "info", "check"], _env_without_levels())
     assert loud.returncode == 0 and _noise_in(loud.stdout), describe(loud)
+
+
+INIT = "import hvdkeras as hvd; hvd.init(); print('rank', hvd.rank())"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT + 60)
+def test_a_cpu_machine_hears_about_the_gpu_part_only_at_info_level():
+    """With no GPU visible to TensorFlow, the GPU part's "no CUDA here" is
+    the normal CPU case: silent by default, one line (rank 0) when asked."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("TensorFlow sees a GPU here: the notice is a warning then")
+    quiet = _run_clean([BIN / "hvdkerasrun", "-np", "2", sys.executable, "-c", INIT],
+                       _env_without_levels())
+    assert quiet.returncode == 0, describe(quiet)
+    assert "GPU part" not in quiet.stdout, describe(quiet)
+    told = _run_clean([BIN / "hvdkerasrun", "-np", "2", "--log-level", "info", sys.executable,
+                       "-c", INIT], _env_without_levels())
+    assert told.returncode == 0, describe(told)
+    from hvdkeras.engine import build, toolchain
+
+    has_gpu_part = toolchain.read_build_info(build.ensure_built()).get("device") == "CUDA"
+    assert told.stdout.count("[0]<stderr>: hvdkeras: the op library has its GPU part") == \
+        int(has_gpu_part), describe(told)
+    assert "[1]<stderr>: hvdkeras: the op library" not in told.stdout, describe(told)

@@ -42,6 +42,16 @@ COLLECTIVE_GRADIENTS = "HVDKERAS_COLLECTIVE_GRADIENTS"
 COLLECTIVE_GRADIENT_CONVENTIONS = ("exact", "horovod")
 # Where rank 0 writes hvdkeras.elastic state commits (hvdkeras/training/elastic_state.py).
 ELASTIC_STATE_DIR = "HVDKERAS_ELASTIC_STATE_DIR"
+# The log level of `--log-level` (hvdkerasrun, hvdkeras): trace, debug, info,
+# warning, error or fatal. Unset: warnings and errors only.
+LOG_LEVEL = "HVDKERAS_LOG_LEVEL"
+INFO_LOG_LEVELS = ("trace", "debug", "info")
+
+
+def info_logs(environ=os.environ) -> bool:
+    """Whether the user asked for informational messages (`--log-level info`
+    or lower)."""
+    return environ.get(LOG_LEVEL, "").strip().lower() in INFO_LOG_LEVELS
 
 # Horovod's names for the same knobs, in the same units: a Horovod user's
 # environment (HorovodRunner's documented HOROVOD_TIMELINE among them) keeps

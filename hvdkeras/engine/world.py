@@ -17,7 +17,7 @@ from hvdkeras.engine import agreement, c_api, failfast, library
 from hvdkeras.engine import process_sets as process_set_registry
 from hvdkeras.engine import tf_threads
 from hvdkeras.engine.config import (EXPECTED_SIZE, EngineConfig, engine_config_from_env,
-                                    ignored_horovod_aliases)
+                                    ignored_horovod_aliases, info_logs)
 
 # The MPI standard's thread levels; mpi4py.MPI.THREAD_* hold the same values.
 _THREAD_LEVEL_NAMES = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED",
@@ -183,16 +183,27 @@ def _announce_gpu_part(lib: Any, is_rank0: bool) -> None:
     """Says once (rank 0) when the library has a GPU part but no GPU is usable.
 
     Such a library works as a CPU build: GPU tensors never reach it, since
-    TensorFlow then has no GPU to place them on.
+    TensorFlow then has no GPU to place them on. On a machine where
+    TensorFlow sees no GPU either that is the normal CPU case, said only at
+    info level (`--log-level info`; `hvdkeras check` always shows it); a
+    warning only where TensorFlow sees a GPU that the collectives cannot use.
     """
     global _gpu_announced
     if _gpu_announced or not is_rank0 or c_api.build_flavor(lib) == "cpu":
         return
     _gpu_announced = True
     count, description = c_api.gpu_probe(lib)
-    if count < 0:
-        print(f"hvdkeras: the op library has its GPU part, but {description}; "
-              "collectives run on the CPU", file=sys.stderr, flush=True)
+    if count >= 0:
+        return
+    message = (f"the op library has its GPU part, but {description}; collectives run on "
+               "the CPU")
+    import tensorflow as tf  # lazy: loaded by now in every process that gets here
+
+    if tf.config.list_physical_devices("GPU"):
+        print(f"hvdkeras: warning: TensorFlow sees a GPU, but {message}", file=sys.stderr,
+              flush=True)
+    elif info_logs():
+        print(f"hvdkeras: {message}", file=sys.stderr, flush=True)
 
 
 def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> None:

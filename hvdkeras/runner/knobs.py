@@ -14,7 +14,7 @@ from typing import Optional
 
 from hvdkeras.engine import config
 
-LOG_LEVEL = "HVDKERAS_LOG_LEVEL"
+LOG_LEVEL = config.LOG_LEVEL
 # --log-level -> TF_CPP_MIN_LOG_LEVEL (0 shows everything, 3 only fatal errors).
 LOG_LEVELS = {"trace": "0", "debug": "0", "info": "0", "warning": "1", "error": "2", "fatal": "3"}
 

@@ -10,14 +10,16 @@ text.
 
 Note [quiet start-up]
 ~~~~~~~~~~~~~~~~~~~~~
-When the user set neither `TF_CPP_MIN_LOG_LEVEL` nor a log level of ours
+Unless the user asked for TensorFlow's logs with a log level of ours
 (`--log-level` of `hvdkerasrun` and `hvdkeras`, `HVDKERAS_LOG_LEVEL`),
-hvdkeras's commands and the ranks they launch run with
-`TF_CPP_MIN_LOG_LEVEL=2` (errors only) and drop the start-up lines above
+hvdkeras's commands and the ranks they launch drop the start-up lines above
 from the terminal; launched ranks keep them in their `--output-dir` logs.
-Anything the user set wins, and then every line shows. The launcher sets
-the variables (`quiet_env`), the rank shim filters the ranks' streams, the
-`hvdkeras` command filters its own import of TensorFlow.
+`TF_CPP_MIN_LOG_LEVEL` is left as the user set it, or set to 2 (errors only)
+when unset: since it cannot hide the start-up lines, setting it (most often
+to 2, to make TensorFlow quiet) must not turn their filter off. With our
+log level set every line shows. The launcher sets the variables
+(`quiet_env`), the rank shim filters the ranks' streams, the `hvdkeras`
+command filters its own import of TensorFlow.
 
 Pure apart from `filtered_stderr`; imports only the standard library (the
 launcher and the rank shim use it).
@@ -74,16 +76,22 @@ def is_startup_noise(line: str) -> bool:
 
 def quiet_env(environ: Mapping[str, str]) -> dict:
     """The variables that make a process quiet by default, or {} when the user
-    set TensorFlow's log level or ours (their setting wins). Pure.
+    asked for every line with our log level. A `TF_CPP_MIN_LOG_LEVEL` the
+    user set is kept. Pure.
 
     >>> quiet_env({})
-    {'TF_CPP_MIN_LOG_LEVEL': '2', 'HVDKERAS_QUIET_STARTUP': '1'}
-    >>> quiet_env({"TF_CPP_MIN_LOG_LEVEL": "0"})
+    {'HVDKERAS_QUIET_STARTUP': '1', 'TF_CPP_MIN_LOG_LEVEL': '2'}
+    >>> quiet_env({"TF_CPP_MIN_LOG_LEVEL": "2"})
+    {'HVDKERAS_QUIET_STARTUP': '1'}
+    >>> quiet_env({"HVDKERAS_LOG_LEVEL": "debug"})
     {}
     """
-    if environ.get(TF_LOG_LEVEL, "").strip() or environ.get(HVDKERAS_LOG_LEVEL, "").strip():
+    if environ.get(HVDKERAS_LOG_LEVEL, "").strip():
         return {}
-    return {TF_LOG_LEVEL: QUIET_TF_LEVEL, QUIET_ENV: "1"}
+    env = {QUIET_ENV: "1"}
+    if not environ.get(TF_LOG_LEVEL, "").strip():
+        env[TF_LOG_LEVEL] = QUIET_TF_LEVEL
+    return env
 
 
 def quiet_requested(environ: Mapping[str, str]) -> bool:
