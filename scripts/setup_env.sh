@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (if missing) the project's virtual environment and install hvdkeras
-# into it in editable mode with the test, spark, tensorboard, report, docs and
-# gpu extras (the gpu extra's
+# into it in editable mode with the test, spark, tensorboard, docs and gpu
+# extras (the gpu extra's
 # CUDA runtime, NVRTC and NCCL let the op library's GPU part load and compile
 # its kernels here, though this machine has no GPU), then the ray extra, whose
 # failure only makes the Ray tests skip with the reason. Safe to run
@@ -21,9 +21,9 @@ STAMP="$VENV/.hvdkeras-install-stamp"
 WANTED="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
    || ! "$VENV/bin/python" -I -c "import importlib.util as u, sys; sys.exit(u.find_spec('hvdkeras') is None)" >/dev/null 2>&1; then
-  echo "setup_env: installing hvdkeras (editable, with the test, spark, tensorboard, report," \
+  echo "setup_env: installing hvdkeras (editable, with the test, spark, tensorboard," \
        "docs and gpu extras)" >&2
-  "$VENV/bin/python" -m pip install -e ".[test,spark,tensorboard,report,docs,gpu]" >&2
+  "$VENV/bin/python" -m pip install -e ".[test,spark,tensorboard,docs,gpu]" >&2
   "$VENV/bin/python" -m pip install -e ".[ray]" >&2 \
     || echo "setup_env: the ray extra could not be installed; the Ray tests will skip" >&2
   echo "$WANTED" > "$STAMP"

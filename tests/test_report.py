@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,16 @@ def test_report_command(tmp_path):
     bad = subprocess.run([*cli, str(tmp_path / "nope")], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "is not a directory" in bad.stderr, bad.stderr
+
+
+def test_the_report_needs_nothing_beyond_a_default_install():
+    """matplotlib is a core dependency: `hvdkeras report` and the report that
+    `hvdkeras train` ends with work after a plain `pip install hvdkeras`; the
+    old `[report]` extra still resolves (empty)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml")
+                            .read_text())["project"]
+    names = [re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]]
+    assert "matplotlib" in names
+    assert project["optional-dependencies"]["report"] == []

@@ -1,4 +1,4 @@
-"""The report's pictures, drawn with matplotlib (the `report` extra).
+"""The report's pictures, drawn with matplotlib (a dependency of hvdkeras).
 
 Each function draws one PNG into `path` and returns its caption, or returns
 None (drawing nothing) when the run has no data for it.
@@ -12,12 +12,12 @@ from typing import Dict, List, Optional
 
 from hvdkeras.report.run_data import ENGINE_PREFIX, RunData
 
-INSTALL_HINT = 'pip install "hvdkeras[report]"  (matplotlib)'
+INSTALL_HINT = "pip install matplotlib  (hvdkeras installs it; this environment lost it)"
 
 
 def _pyplot():
     try:
-        import matplotlib  # lazy: the optional `report` extra; only drawing needs it
+        import matplotlib  # lazy: seconds to import; only drawing needs it
     except ImportError as error:
         raise ImportError(f"hvdkeras report draws with matplotlib, which is not installed: "
                           f"{INSTALL_HINT}") from error
