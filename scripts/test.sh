@@ -1,10 +1,31 @@
 #!/usr/bin/env bash
 # Set up the environment, then run the test suite. Extra arguments go to pytest.
+# --quick (first argument): the fast contributor loop instead of the whole suite.
 # Fails when pytest fails and also when it collects no tests (exit code 5).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
 bash scripts/setup_env.sh >/dev/null
+
+if [[ "${1:-}" == "--quick" ]]; then
+  # The contributor loop (README, "Contributing"): the tests that launch no
+  # job and compile nothing, then one 2-rank smoke job per area, each under a
+  # timeout: the collectives, Keras training (stage 0 and sharded state), a
+  # recipe through `hvdkeras train`. Under 3 minutes once the environment and
+  # the op library exist. CI runs everything (no argument).
+  shift
+  "$VENV/bin/python" -m pytest tests -q -m "not slow" -p no:cacheprovider "$@"
+  HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
+    "$VENV/bin/python" -m pytest -q -x -p no:cacheprovider tests/parallel/test_allreduce.py \
+    tests/parallel/test_broadcast.py tests/parallel/test_gather_scatter.py
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+    "tests/test_keras_mpi.py::test_keras_parallel_file[test_equivalence]" \
+    "tests/test_keras_mpi.py::test_keras_parallel_file[test_zero_training]" \
+    tests/test_recipes_mpi.py::test_tabular_mlp_short_with_overrides_and_engine_knobs
+  echo "test.sh: quick loop finished in ${SECONDS}s" >&2
+  exit 0
+fi
+
 status=0
 # The main leg is the CUDA leg: the main environment's TensorFlow is a CUDA
 # build with CUDA headers, so the op library is built with its GPU part

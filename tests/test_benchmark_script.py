@@ -18,6 +18,7 @@ TIMEOUT = 240
 CASES = ["raw mpi4py Allreduce", "(a) one tensor", "(b) grouped x100", "(c) separate x100"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
 @pytest.mark.parametrize("extra", [[], ["--boundary"]], ids=["in-graph", "boundary"])
 def test_benchmark_prints_every_case(extra):
@@ -45,6 +46,7 @@ TINY = ["--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4",
         "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_synthetic_benchmark_prints_horovods_lines():
     """examples/synthetic_benchmark.py through model.fit on 2 ranks: per-iteration

@@ -117,6 +117,7 @@ def builds(tmp_path_factory) -> UnitBuilds:
     return UnitBuilds(tmp_path_factory.mktemp("core_units"), ())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unit", sorted(UNITS))
 def test_unit(builds: UnitBuilds, unit: str):
     builds.run(unit)

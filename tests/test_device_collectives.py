@@ -77,6 +77,7 @@ CASES = [pytest.param(name, np, id=f"{name}-np{np}") for name, sizes in TESTS.it
          for np in sizes]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name, np", CASES)
 def test_device_paths_on_host_stand_ins(objects: tuple, name: str, np: int, tmp_path: Path):
