@@ -67,6 +67,8 @@ _PUBLIC: Dict[str, str] = {
     "SyncBatchNormalization": "hvdkeras.training.sync_batch_norm",
     "save_model_atomic": "hvdkeras.training.checkpoint_writing",
     "gathered_optimizer_state": "hvdkeras.sharding.state_transfer",
+    "keras3_weights_path": "hvdkeras.training.keras2_paths",
+    "keras3_model_path": "hvdkeras.training.keras2_paths",
     "load_model": "hvdkeras.training.model_loading",
     "restore_from_checkpoint": "hvdkeras.training.checkpoint_restore",
     "restore_training_position": "hvdkeras.training.checkpoint_restore",
@@ -131,6 +133,7 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
     from hvdkeras.training.checkpoint_restore import (TrainingPosition, restore_from_checkpoint,
                                                       restore_training_position)
     from hvdkeras.sharding.state_transfer import gathered_optimizer_state
+    from hvdkeras.training.keras2_paths import keras3_model_path, keras3_weights_path
     from hvdkeras.training.checkpoint_writing import save_model_atomic
     from hvdkeras.collectives.compression import Compression
     from hvdkeras.training.gradient_tape import (DistributedGradientTape,

@@ -48,6 +48,21 @@ def _rewrite(source: str) -> str:
      "cb = ModelCheckpoint('./checkpoint-{epoch}.keras')\n"),
     ("cb = ModelCheckpoint(filepath='ck.ckpt', save_weights_only=True)\n",
      "cb = ModelCheckpoint(filepath='ck.weights.h5', save_weights_only=True)\n"),
+    ("import hvdkeras as hvd\nmodel.save_weights(path)\n",
+     "import hvdkeras as hvd\nmodel.save_weights(hvd.keras3_weights_path(path))\n"),
+    ("import hvdkeras as hvd\ncb = ModelCheckpoint(os.path.join(d, 'ck-{epoch}.ckpt'), "
+     "save_weights_only=True)\n",
+     "import hvdkeras as hvd\ncb = ModelCheckpoint(hvd.keras3_weights_path(os.path.join(d, "
+     "'ck-{epoch}.ckpt')), save_weights_only=True)\n"),
+    ("import hvdkeras as hvd\nmodel.load_weights(f'{d}/ck-{e}.ckpt')\n",
+     "import hvdkeras as hvd\nmodel.load_weights(hvd.keras3_weights_path(f'{d}/ck-{e}.ckpt'))\n"),
+    ("model.fit_generator(gen, steps_per_epoch=5, workers=4, use_multiprocessing=True)\n",
+     "model.fit(gen, steps_per_epoch=5)\n"),
+    ("score = model.evaluate_generator(gen, steps=3)\n", "score = model.evaluate(gen, steps=3)\n"),
+    ("model.save('export_dir')\n", "model.save('export_dir.keras')\n"),
+    ("import hvdkeras as hvd\nself.model.save(out)\n",
+     "import hvdkeras as hvd\nself.model.save(hvd.keras3_model_path(out))\n"),
+    ("image.save(out)\nnp.save(out, x)\n", "image.save(out)\nnp.save(out, x)\n"),
 ])
 def test_each_rule(before, after):
     assert _rewrite(before) == after
@@ -81,10 +96,19 @@ def test_what_cannot_be_changed_is_named_and_left_alone():
     assert "5: K.set_session: Keras 3 has no sessions" in notes
     assert "5: tf.compat: TensorFlow 1 API" in notes
     assert "6: decay= is gone in Keras 3 optimizers" in notes
-    assert "7: ModelCheckpoint path is an f-string: make it end in .keras" in notes
+    assert 'hvd.callbacks.BestModelCheckpoint' in result.text
+    assert 'ModelCheckpoint(hvd.keras3_model_path(f"ck-{name}.h5"))' in result.text
     assert "BestModelCheckpoint" not in notes  # hvdkeras has it
     assert "9: hvd.broadcast_global_variables: TensorFlow 1 graph code only" in notes
     assert "hvd.PartialDistributedOptimizer(" in result.text and "decay=1e-4" in result.text
+
+
+def test_a_runtime_path_without_an_hvdkeras_import_is_reported():
+    result = migrate("import tensorflow as tf\nmodel.save_weights(os.path.join(d, 'w.ckpt'))\n"
+                     "latest = tf.train.latest_checkpoint(d)\n")
+    notes = "\n".join(f"{line}: {what}" for line, what in result.notes)
+    assert "2: save_weights() path is built at run time: make it end in .weights.h5" in notes
+    assert "3: tf.train.latest_checkpoint: Keras 3 writes no TensorFlow checkpoints" in notes
 
 
 def test_a_horovod_keras_script_end_to_end():
@@ -135,3 +159,67 @@ def test_the_command(tmp_path):
     script.write_text("def broken(:\n")
     bad = subprocess.run([*hvdkeras, str(script)], capture_output=True, text=True)
     assert bad.returncode == 2 and f"{script}:1: not valid Python" in bad.stderr
+
+
+KERAS2_SCRIPT = '''\
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+
+hvd.init()
+out = sys.argv[1]
+x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("int32")
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
+                             tf.keras.layers.Dense(2, activation="softmax")])
+opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(lr=0.01 * hvd.size()))
+model.compile(loss="sparse_categorical_crossentropy", optimizer=opt,
+              experimental_run_tf_function=False)
+checkpoint = os.path.join(out, "checkpoint-{epoch}.ckpt")
+callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+if hvd.rank() == 0:
+    callbacks.append(tf.keras.callbacks.ModelCheckpoint(checkpoint, save_weights_only=True))
+
+
+def batches():
+    while True:
+        for i in range(0, 64, 16):
+            yield x[i:i + 16], y[i:i + 16]
+
+
+model.fit_generator(batches(), steps_per_epoch=4, epochs=2, workers=2, verbose=0,
+                    callbacks=callbacks)
+model.load_weights(os.path.join(out, f"checkpoint-{2}.ckpt"))
+model.save_weights(f"{out}/final.h5")
+model.save(os.path.join(out, "exported"))
+print("trained and saved")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_migrated_keras2_script_with_runtime_paths_runs(tmp_path):
+    """Horovod-era Keras 2 idioms that Keras 3 rejects at run time: checkpoint
+    paths built with os.path.join and f-strings (.ckpt, .h5, a SavedModel
+    directory), fit_generator with workers=, lr=: migrated, the script runs
+    and writes the files Keras 3 names."""
+    script = tmp_path / "train.py"
+    script.write_text(KERAS2_SCRIPT)
+    migrated = tmp_path / "train_keras3.py"
+    result = subprocess.run([sys.executable, "-m", "hvdkeras.cli", "migrate", str(script),
+                             "-o", str(migrated)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 place(s) left to you" in result.stdout + result.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    run = subprocess.run([sys.executable, str(migrated), str(out)], capture_output=True,
+                         text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "trained and saved" in run.stdout
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint-1.weights.h5", "checkpoint-2.weights.h5", "exported.keras",
+        "final.weights.h5"]
+    assert "is written and read as" in run.stdout  # it says where the files went

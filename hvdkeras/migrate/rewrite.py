@@ -100,6 +100,8 @@ class _Rules(ast.NodeVisitor):
                 self.keras_import_after = self.keras_import_after or node.end_lineno
             elif alias.name == "keras" and alias.asname is None:
                 self.has_keras_import = True
+            elif alias.name == "hvdkeras":  # migrated already, or written for hvdkeras
+                self.hvd_names.add(alias.asname or "hvdkeras")
             elif alias.name == "horovod" and alias.asname is None and len(node.names) == 1:
                 # `horovod.run(...)`: the top-level names hvdkeras has too.
                 self.hvd_names.add("horovod")
@@ -183,6 +185,16 @@ class _Rules(ast.NodeVisitor):
             self._weights_path(node.args[0], ".weights.h5", f"{last}() path")
         if last == "ModelCheckpoint":
             self._checkpoint_path(node)
+        if last in ("fit_generator", "evaluate_generator", "predict_generator") \
+                and isinstance(node.func, ast.Attribute):
+            self._generator_method(node, last)
+        if last == "save" and isinstance(node.func, ast.Attribute) and len(node.args) == 1 \
+                and (dotted(node.func.value) or "").lower().endswith("model"):
+            self._model_save(node, name)
+        if name.endswith("train.latest_checkpoint"):
+            self.note(node, f"{name}: Keras 3 writes no TensorFlow checkpoints; find the "
+                            "newest .weights.h5/.keras file instead (or use "
+                            "hvd.callbacks.CheckpointCallback and hvd.restore_from_checkpoint)")
         self.generic_visit(node)
 
     def _optimizer_arguments(self, node: ast.Call) -> None:
@@ -209,8 +221,7 @@ class _Rules(ast.NodeVisitor):
 
     def _weights_path(self, node: ast.AST, suffix: str, what: str) -> None:
         if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
-            if isinstance(node, ast.JoinedStr):
-                self.note(node, f"{what} is an f-string: make it end in {suffix}")
+            self._runtime_path(node, suffix, what)
             return
         path = node.value
         if path.endswith(suffix):
@@ -227,6 +238,46 @@ class _Rules(ast.NodeVisitor):
         literal = f"{quote}{stem + suffix}{quote}" if simple else repr(stem + suffix)
         self.replace(node, literal, f"{what} {path!r} -> {stem + suffix!r} "
                                     f"(Keras 3 needs {suffix})")
+
+    def _runtime_path(self, node: ast.AST, suffix: str, what: str) -> None:
+        """A path built at run time: wrapped in hvdkeras's mapping, which gives
+        it Keras 3's ending when the script runs (or, with no hvdkeras import
+        to call it through, reported)."""
+        function = "keras3_weights_path" if suffix == ".weights.h5" else "keras3_model_path"
+        if not self.hvd_names:
+            self.note(node, f"{what} is built at run time: make it end in {suffix}, or import "
+                            f"hvdkeras and wrap it in hvdkeras.{function}(...)")
+            return
+        written = self.source[self.at.start(node):self.at.end(node)]
+        if written.startswith(tuple(f"{name}.keras3_" for name in self.hvd_names)):
+            return  # migrated already
+        alias = sorted(self.hvd_names)[0]
+        self.replace(node, f"{alias}.{function}({written})",
+                     f"{what} built at run time -> {alias}.{function}(...) (Keras 3 needs "
+                     f"{suffix})")
+
+    def _generator_method(self, node: ast.Call, last: str) -> None:
+        """fit_generator and friends -> fit/evaluate/predict, which take generators
+        in Keras 3; the arguments Keras 3 dropped go too."""
+        assert isinstance(node.func, ast.Attribute)
+        new = last[:-len("_generator")]
+        start = self.at.end(node.func.value) + 1
+        self.edit(start, start + len(last), new, node.lineno,
+                  f"{last}() -> {new}() (Keras 3 takes generators in {new})")
+        for keyword in node.keywords:
+            if keyword.arg in ("workers", "use_multiprocessing", "max_queue_size"):
+                self._remove_keyword(node, keyword, f"{last}({keyword.arg}=) dropped (Keras 3's "
+                                                    f"{new} has no such argument)")
+
+    def _model_save(self, node: ast.Call, name: str) -> None:
+        """`model.save(path)`: Keras 3 writes .keras (or legacy .h5) files, not
+        SavedModel directories or TensorFlow checkpoints."""
+        path = node.args[0]
+        if isinstance(path, ast.Constant) and isinstance(path.value, str):
+            if not path.value.endswith((".keras", ".h5")):
+                self._weights_path(path, ".keras", f"{name}() path")
+        else:
+            self._runtime_path(path, ".keras", f"{name}() path")
 
     def _checkpoint_path(self, node: ast.Call) -> None:
         weights_only = any(k.arg == "save_weights_only" and isinstance(k.value, ast.Constant)
