@@ -196,8 +196,8 @@ def _check_zero_stage(zero_stage: int, op: int, process_set: ProcessSet, optimiz
         raise ValueError("zero_stage=1 or 2 needs op=hvdkeras.Average or Sum: Adasum combines "
                          "whole gradients and cannot be split by owner. Use zero_stage=0.")
     if process_set is not global_process_set:
-        raise ValueError("zero_stage=1 or 2 shards state across all ranks; it does not take a "
-                         "process_set yet. Use zero_stage=0 with process_set=.")
+        raise ValueError("zero_stage=1 or 2 shards state across all ranks and takes no "
+                         "process_set; use zero_stage=0 with process_set=.")
     holder = getattr(optimizer, "inner_optimizer", optimizer)
     if isinstance(holder, keras.optimizers.MultiOptimizer):
         raise ValueError("zero_stage=1 or 2 cannot shard a MultiOptimizer (its state lives in "
