@@ -16,7 +16,7 @@ What may import this module: the top-level package.
 from __future__ import annotations
 
 import os
-from typing import Set
+from typing import Set, Union
 
 from hvdkeras.training.output import print_rank0
 
@@ -27,7 +27,7 @@ _KERAS2_ENDINGS = (".weights.h5", ".h5", ".hdf5", ".ckpt", ".tf", ".keras", ".pb
 _said: Set[str] = set()
 
 
-def keras3_path(path: str, weights_only: bool) -> str:
+def keras3_path(path: Union[str, os.PathLike], weights_only: bool) -> str:
     """The Keras 3 name for a Keras 2 checkpoint path. Pure.
 
     Args:
@@ -54,7 +54,7 @@ def keras3_path(path: str, weights_only: bool) -> str:
     return stem + wanted
 
 
-def _mapped(path, weights_only: bool) -> str:
+def _mapped(path: Union[str, os.PathLike], weights_only: bool) -> str:
     new = keras3_path(path, weights_only)
     old = os.fspath(path)
     if new != old and old not in _said:
@@ -64,7 +64,7 @@ def _mapped(path, weights_only: bool) -> str:
     return new
 
 
-def keras3_weights_path(path) -> str:
+def keras3_weights_path(path: Union[str, os.PathLike]) -> str:
     """A Keras 2 weights path as Keras 3 wants it (`.weights.h5`).
 
     For `model.save_weights(...)`, `model.load_weights(...)` and
@@ -87,7 +87,7 @@ def keras3_weights_path(path) -> str:
     return _mapped(path, weights_only=True)
 
 
-def keras3_model_path(path) -> str:
+def keras3_model_path(path: Union[str, os.PathLike]) -> str:
     """A Keras 2 model path (a SavedModel directory, `.ckpt`, `.tf`) as a
     Keras 3 `.keras` file name; `.keras` and `.h5` paths are kept.
 
