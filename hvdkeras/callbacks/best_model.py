@@ -8,6 +8,7 @@ from typing import Optional
 import keras
 
 from hvdkeras.callbacks._prepare import prepare_model
+from hvdkeras.collectives.objects import broadcast_object
 from hvdkeras.engine import world
 from hvdkeras.training import checkpoint_naming
 from hvdkeras.sharding.sharded_optimizer import shard_holder
@@ -67,14 +68,17 @@ class BestModelCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         value = (logs or {}).get(self.monitor)
-        if value is None or not checkpoint_naming.improved(float(value), self.best, self.mode):
-            return
-        self.best = float(value)
+        better = value is not None and checkpoint_naming.improved(float(value), self.best,
+                                                                   self.mode)
         sharded = shard_holder(getattr(self.model, "optimizer", None)) is not None
+        if sharded:  # rank 0 decides; a sharded save needs every rank, in step
+            better = broadcast_object(better, root_rank=0, name="hvdkeras_best_model_decision")
+        if not better:
+            return
+        if value is not None:
+            self.best = float(value)
         if world.rank() != 0 and not sharded:
             return
-        # Like every epoch-log decision here, this needs logs that agree across
-        # ranks (MetricAverageCallback first); a sharded save needs every rank.
         with gathered_optimizer_state(self.model):
             if world.rank() != 0:
                 return

@@ -107,3 +107,19 @@ def test_rank_zero_alone_cannot_save_sharded_state(tmp_path):
     fit_distributed(model, shard(x, 1, B), shard(y, 1, B), batch_size=B)
     with pytest.raises(RuntimeError, match="gathered_optimizer_state"):
         model.save(os.path.join(str(tmp_path), "alone.keras"))
+
+
+def test_best_model_checkpoint_saves_the_whole_sharded_state(tmp_path):
+    """Per-rank logs differ here (no MetricAverageCallback): rank 0 decides and
+    every rank joins its save, so nobody waits and the file is complete."""
+    model = _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), zero_stage=2))
+    path = os.path.join(str(tmp_path), "best.keras")
+    x, y = regression_data(seed=70 + hvd.rank(), rows=12)
+    model.fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.BestModelCheckpoint(path, monitor="loss", mode="min")])
+    _, now = _full_state(model, tmp_path, "best_now")
+    if hvd.rank() == 0:
+        best = keras.models.load_model(path)
+        assert [v.shape for v in variable_values(best.optimizer.variables)] == \
+            [v.shape for v in now]
