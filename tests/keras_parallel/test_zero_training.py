@@ -123,3 +123,20 @@ def test_best_model_checkpoint_saves_the_whole_sharded_state(tmp_path):
         best = keras.models.load_model(path)
         assert [v.shape for v in variable_values(best.optimizer.variables)] == \
             [v.shape for v in now]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_steps_per_execution(stage):
+    """Several steps per tf.function call (a loop in the graph): the sharded
+    step's explicitly named collectives repeat in order and stay exact."""
+    steps = 6
+    x, y = _data(steps)
+    model = mlp(SEED)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                     zero_stage=stage),
+                  loss="mse", steps_per_execution=3)
+    fit_distributed(model, shard(x, steps, B), shard(y, steps, B), batch_size=B)
+    reference = run_reference(lambda: _compiled(keras.optimizers.Adam(0.01)), x, y,
+                              batch_size=hvd.size() * B)
+    assert_weights_close(model.get_weights(), reference.get_weights(),
+                         f"steps_per_execution stage {stage}")
