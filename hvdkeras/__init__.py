@@ -92,11 +92,23 @@ def __getattr__(name: str) -> Any:
     if name in _PUBLIC_MODULES:
         value = importlib.import_module(_PUBLIC_MODULES[name])
     elif name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        value = getattr(importlib.import_module(_module_of(name)), name)
     else:
         raise AttributeError(f"module 'hvdkeras' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip __getattr__
     return value
+
+
+def _module_of(name: str) -> str:
+    """Where public `name` lives under this process's Keras backend (see
+    `hvdkeras/backends/dispatch.py`); TensorFlow's unless a backend has its own."""
+    from hvdkeras.backends import dispatch  # lazy: the facade imports nothing up front
+
+    if name not in dispatch.DISPATCHED:
+        return _PUBLIC[name]
+    from hvdkeras.engine import frameworks  # lazy: as above; it reads Keras's backend
+
+    return dispatch.module_for(name, frameworks.keras_backend(), _PUBLIC[name])
 
 
 def __dir__() -> List[str]:

@@ -30,12 +30,14 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.engine": {"hvdkeras.compat"},
     "hvdkeras.collectives": {"hvdkeras.engine", "hvdkeras.compat"},  # compat: XLA custom calls
     "hvdkeras.gpu": {"hvdkeras.engine"},
+    # The other Keras backends: beside collectives, on the engine's C entry points.
+    "hvdkeras.backends": {"hvdkeras.engine", "hvdkeras.compat"},
     # Sharded optimizer state: below training (which wraps optimizers in it).
     "hvdkeras.sharding": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat"},
     "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat",
-                          "hvdkeras.sharding"},
+                          "hvdkeras.sharding", "hvdkeras.backends"},
     "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.sharding", "hvdkeras.collectives",
-                           "hvdkeras.gpu",
+                           "hvdkeras.gpu", "hvdkeras.backends",
                            "hvdkeras.engine", "hvdkeras.compat",
                            "hvdkeras.report.run_data"},  # the figures' key prefix
     "hvdkeras.runner": {"hvdkeras.engine.config", "hvdkeras.engine.failfast"},  # both stdlib-only

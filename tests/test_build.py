@@ -229,6 +229,9 @@ def test_compile_commands_cover_core_and_tf_but_not_tests(tiny_tree: Path, tmp_p
     for command in commands:
         assert command[0] == "/usr/bin/g++"
         assert "-D_GLIBCXX_USE_CXX11_ABI=1" in command
+        # Note [one engine, many bindings]: only the binding sees TensorFlow's headers.
+        binding = "/tf/" in command[command.index("-c") + 1]
+        assert ("-I/env/site-packages/tensorflow/include" in command) == binding
         assert "-I/env/include" in command
         assert f"-I{tiny_tree}" in command
         assert "-fPIC" in command and "-std=c++17" in command
@@ -246,6 +249,19 @@ def test_link_command_links_mpi_and_tensorflow(tmp_path: Path):
     assert "-L/env/lib" in command and "-l:libmpi.so.12" in command
     assert "-Wl,-rpath,/env/lib" in command
     assert "-Wl,-rpath,/env/site-packages/tensorflow" in command
+    # The engine library, found beside the op library wherever the cache moves it.
+    engine = toolchain.core_library_name(toolchain.cache_key(fake_inputs()))
+    assert f"-l:{engine}" in command and "-Wl,-rpath,$ORIGIN" in command
+
+
+def test_engine_library_links_mpi_without_tensorflow(tmp_path: Path):
+    engine = toolchain.core_library_name(toolchain.cache_key(fake_inputs()))
+    output = tmp_path / engine
+    command = build.core_link_command(fake_inputs(), [tmp_path / "a.o"], output)
+    assert command[command.index("-o") + 1] == str(output)
+    assert f"-Wl,-soname,{engine}" in command
+    assert "-l:libmpi.so.12" in command
+    assert not any("tensorflow" in part for part in command)
 
 
 def test_real_build_inputs_describe_this_environment():

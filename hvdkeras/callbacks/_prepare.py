@@ -12,6 +12,7 @@ from typing import Any
 
 from hvdkeras import compat
 from hvdkeras.collectives import xla_calls
+from hvdkeras.engine import frameworks
 from hvdkeras.training.optimizer import check_model_optimizer_nesting
 from hvdkeras.training.output import print_rank0
 
@@ -36,6 +37,8 @@ def turn_off_xla_for_training(model: Any, reason: str = "") -> bool:
     Returns:
         Whether anything was changed.
     """
+    if frameworks.keras_backend() != frameworks.TENSORFLOW:
+        return False  # jit_compile means XLA only under TensorFlow
     try:
         enabled = bool(model.jit_compile)
     except AttributeError:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from hvdkeras.callbacks._prepare import UNBUILT_REASON, prepare_model, turn_off_xla_for_training
 from hvdkeras.collectives.broadcasting import broadcast_variables
+from hvdkeras.engine import frameworks
 from hvdkeras.training.model_sync import broadcast_model
 
 
@@ -61,7 +62,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         # on_train_begin, so this is the last moment to put the broadcast
         # into the step of a model that is not built yet.
         if not self.broadcast_done and not getattr(model, "built", False) \
-                and self._in_step is None:
+                and self._in_step is None \
+                and frameworks.keras_backend() == frameworks.TENSORFLOW:
             turn_off_xla_for_training(model, UNBUILT_REASON)
             self._broadcast_in_first_step(model)
 

@@ -7,10 +7,9 @@ from typing import Dict, List
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.collectives.reduction import allreduce
+from hvdkeras.backends.arrays import allreduce
 from hvdkeras.engine import world
 from hvdkeras.engine.types import Average, Max
 
@@ -61,16 +60,16 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self._check_same_keys(keys)
         if not keys:
             return
-        values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
-        averaged = allreduce(values, op=Average, name="hvdkeras_metric_average").numpy()
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = allreduce(values, op=Average, name="hvdkeras_metric_average")
         for key, value in zip(keys, averaged):
             logs[key] = float(value)
 
     @staticmethod
     def _check_same_keys(keys: List[str]) -> None:
         digest = zlib.crc32("\0".join(keys).encode()) + 1
-        spread = allreduce(tf.constant([digest, -digest], dtype=tf.int64), op=Max,
-                           name="hvdkeras_metric_keys").numpy()
+        spread = allreduce(np.array([digest, -digest], dtype=np.int64), op=Max,
+                           name="hvdkeras_metric_keys")
         if spread[0] != -spread[1]:
             raise ValueError(
                 "MetricAverageCallback: the ranks logged different metrics at epoch end "

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Iterator
 
 from hvdkeras.engine.cuda_build import GENERATED_SOURCES_NAME, kernel_sources_text
-from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, CUDA_SUBDIR,
-                                       LIBRARY_NAME, BuildError, build_inputs, cache_key,
-                                       library_path, mpi_library_info, ops_source_dir)
+from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, core_library_name,
+                                       CUDA_SUBDIR, LIBRARY_NAME, TF_SUBDIR, BuildError,
+                                       build_inputs, cache_key, library_path,
+                                       mpi_library_info, ops_source_dir)
 
 _ERROR_TAIL_CHARS = 4000
 
@@ -56,10 +57,17 @@ def _object_path(source: Path, source_dir: Path, objdir: Path) -> Path:
     return Path(objdir) / "__".join(relative.parts)
 
 
+def is_binding_source(source: Path, source_dir: Path) -> bool:
+    """True for a TensorFlow binding source (``tf/``); the rest is the engine."""
+    return Path(source).relative_to(source_dir).parts[0] == TF_SUBDIR
+
+
 def compile_commands(inputs: dict, src: Path, objdir: Path,
                      generated: Path | None = None) -> list[list[str]]:
     """One compiler command per library source; each ends with ``-o <object in objdir>``.
 
+    The engine's sources see TensorFlow's ABI and defines but not its headers
+    (Note [one engine, many bindings] in toolchain.py); the binding's see both.
     A build with a GPU part also compiles ``cuda/`` with ``HVDKERAS_CUDA=1``,
     the CUDA and NCCL headers, and ``generated`` (the kernel sources as text).
     """
@@ -72,10 +80,12 @@ def compile_commands(inputs: dict, src: Path, objdir: Path,
         flags += ["-DHVDKERAS_CUDA=1", *(f"-I{d}" for d in inputs["cuda_include_dirs"])]
         if generated is not None:
             flags.append(f"-I{generated}")
-    flags += inputs["tf_compile_flags"]
+    tf_flags = list(inputs["tf_compile_flags"])
+    abi_flags = [flag for flag in tf_flags if not flag.startswith("-I")]
     compiler = inputs.get("compiler") or "g++"
     return [
-        [compiler, *flags, "-c", str(source), "-o", str(_object_path(source, src, objdir))]
+        [compiler, *flags, *(tf_flags if is_binding_source(source, src) else abi_flags),
+         "-c", str(source), "-o", str(_object_path(source, src, objdir))]
         for source in compiled_sources(src, with_cuda)
     ]
 
@@ -85,25 +95,39 @@ def tf_library_dir(link_flags: list[str]) -> str | None:
     return next((flag[2:] for flag in link_flags if flag.startswith("-L")), None)
 
 
-def link_command(inputs: dict, objects: list[Path], output: Path) -> list[str]:
-    """Linker command producing the shared library ``output`` from ``objects``."""
+def _mpi_link_flags(inputs: dict) -> list[str]:
     mpi_library = Path(inputs["mpi_library"])
+    return [f"-L{mpi_library.parent}", f"-l:{mpi_library.name}",
+            f"-Wl,-rpath,{mpi_library.parent}"]
+
+
+def core_link_command(inputs: dict, objects: list[Path], output: Path) -> list[str]:
+    """Linker command for the engine library (no framework): MPI, and ``dl`` for the
+    GPU part, which loads CUDA and NCCL with dlopen."""
+    command = [inputs.get("compiler") or "g++", "-shared", "-pthread"]
+    command += [str(obj) for obj in objects]
+    command += ["-o", str(output), f"-Wl,-soname,{core_library_name(cache_key(inputs))}"]
+    command += _mpi_link_flags(inputs)
+    if inputs.get("with_cuda"):
+        command.append("-ldl")
+    return command
+
+
+def link_command(inputs: dict, objects: list[Path], output: Path) -> list[str]:
+    """Linker command for the TensorFlow op library ``output``: its objects, TensorFlow,
+    and the engine library found beside it at run time."""
     command = [inputs.get("compiler") or "g++", "-shared", "-pthread"]
     command += [str(obj) for obj in objects]
     command += ["-o", str(output)]
+    command += [f"-L{Path(output).parent}", f"-l:{core_library_name(cache_key(inputs))}",
+                "-Wl,-rpath,$ORIGIN"]
     command += inputs["tf_link_flags"]
-    command += [
-        f"-L{mpi_library.parent}",
-        f"-l:{mpi_library.name}",
-        f"-Wl,-rpath,{mpi_library.parent}",
-    ]
+    command += _mpi_link_flags(inputs)
     if inputs.get("tf_xla_library"):  # XLA's custom-call registry
         command.append(f"-l:{Path(inputs['tf_xla_library']).name}")
     tf_dir = tf_library_dir(inputs["tf_link_flags"])
     if tf_dir:
         command.append(f"-Wl,-rpath,{tf_dir}")
-    if inputs.get("with_cuda"):
-        command.append("-ldl")  # the GPU part loads CUDA and NCCL with dlopen
     return command
 
 
@@ -175,8 +199,12 @@ def _compile_library(inputs: dict, source_dir: Path, workdir: Path, verbose: boo
     if not commands:
         raise BuildError(f"no .cc files under {source_dir}/core or {source_dir}/tf")
     _compile_all(commands, verbose)
+    engine = [Path(c[-1]) for c in commands if not is_binding_source(Path(c[-3]), source_dir)]
+    binding = [Path(c[-1]) for c in commands if is_binding_source(Path(c[-3]), source_dir)]
+    engine_library = workdir / core_library_name(cache_key(inputs))
+    _run_tool(core_link_command(inputs, engine, engine_library), verbose)
     output = workdir / LIBRARY_NAME
-    _run_tool(link_command(inputs, [Path(c[-1]) for c in commands], output), verbose)
+    _run_tool(link_command(inputs, binding, output), verbose)
     shutil.rmtree(objdir)
     if generated is not None:
         shutil.rmtree(generated)

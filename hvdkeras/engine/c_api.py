@@ -48,10 +48,12 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_engine_stats.restype = None
     lib.hvdkeras_allreduce_path.argtypes = []
     lib.hvdkeras_allreduce_path.restype = ctypes.c_char_p
-    lib.hvdkeras_xla_calls_built.argtypes = []
-    lib.hvdkeras_xla_calls_built.restype = ctypes.c_int
-    lib.hvdkeras_xla_gpu_calls_built.argtypes = []
-    lib.hvdkeras_xla_gpu_calls_built.restype = ctypes.c_int
+    # The TensorFlow binding's own entry points: absent from the engine library alone.
+    for name in ("hvdkeras_xla_calls_built", "hvdkeras_xla_gpu_calls_built"):
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = []
+            getattr(lib, name).restype = ctypes.c_int
+    _bind_requests(lib)
     lib.hvdkeras_build_flavor.argtypes = []
     lib.hvdkeras_build_flavor.restype = ctypes.c_char_p
     lib.hvdkeras_gpu_set_library_dirs.argtypes = [ctypes.c_char_p]
@@ -75,6 +77,27 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                        ctypes.c_double, ctypes.c_char_p, ctypes.c_int]
     lib.hvdkeras_ask_ranks.restype = None
     return lib
+
+
+def _bind_requests(lib: ctypes.CDLL) -> None:
+    """The request entry points (ops/core/c_requests.cc) of the non-TensorFlow bindings."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.hvdkeras_request_submit.argtypes = [
+        ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ptr), ctypes.POINTER(ptr),
+        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(i64), ctypes.c_int, ctypes.c_int,
+        ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.POINTER(i64), ctypes.c_int,
+        ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_request_submit.restype = i64
+    lib.hvdkeras_request_wait.argtypes = [i64, ctypes.c_double, ctypes.c_char_p, ctypes.c_int]
+    lib.hvdkeras_request_wait.restype = ctypes.c_int
+    lib.hvdkeras_request_shape.argtypes = [i64, ctypes.c_int, ctypes.POINTER(i64), ctypes.c_int]
+    lib.hvdkeras_request_shape.restype = ctypes.c_int
+    lib.hvdkeras_request_output.argtypes = [i64, ctypes.c_int, ptr]
+    lib.hvdkeras_request_output.restype = i64
+    lib.hvdkeras_request_received_splits.argtypes = [i64, ctypes.POINTER(i64), ctypes.c_int]
+    lib.hvdkeras_request_received_splits.restype = ctypes.c_int
+    lib.hvdkeras_request_release.argtypes = [i64]
+    lib.hvdkeras_request_release.restype = None
 
 
 def settings_text(config: Any) -> str:

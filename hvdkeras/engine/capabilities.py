@@ -32,7 +32,7 @@ def mpi_enabled() -> bool:
 
 
 def _gpu_part() -> bool:
-    return c_api.build_flavor(library.handle()) != "cpu"
+    return c_api.build_flavor(library.engine_handle()) != "cpu"
 
 
 def nccl_built() -> bool:

@@ -1,9 +1,11 @@
-"""Loads the compiled op library (building it first when needed).
+"""Loads the compiled libraries (building them first when needed).
 
-The same shared object serves TensorFlow (its op kernels, through
-`tf.load_op_library`) and Python (the engine's C entry points, through
-ctypes, typed in `hvdkeras.engine.c_api`); both handles refer to one loaded
-copy, so they share the engine.
+The engine is a library of its own (Note [one engine, many bindings] in
+`toolchain.py`). Under TensorFlow the op library is loaded with
+`tf.load_op_library` and brings the engine with it; its ctypes handle also
+reaches the engine's C entry points (typed in `hvdkeras.engine.c_api`).
+Other backends load the engine library alone (`engine_handle`), without
+TensorFlow's runtime. Either way one process holds one engine.
 
 What may import this module: the rest of `hvdkeras.engine`, and
 `hvdkeras.collectives.kernels` (the one place that calls the op wrappers).
@@ -23,6 +25,7 @@ _lock = threading.Lock()
 _ops_module: Any = None
 _cdll: Optional[ctypes.CDLL] = None
 _path: Optional[Path] = None
+_engine_cdll: Optional[ctypes.CDLL] = None
 
 # Note [stateful but unordered]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -37,6 +40,16 @@ COLLECTIVE_OP_TYPES = frozenset(("HvdkerasAllreduce", "HvdkerasBroadcast", "Hvdk
                                  "HvdkerasReducescatter", "HvdkerasAlltoall"))
 
 
+def _configured(cdll: ctypes.CDLL) -> ctypes.CDLL:
+    # Where a GPU build finds the CUDA runtime, NVRTC and NCCL when
+    # TensorFlow has not loaded them already: the NVIDIA wheels.
+    dirs = ":".join(str(d) for d in cuda_build.wheel_dirs("lib"))
+    cdll.hvdkeras_gpu_set_library_dirs(dirs.encode())
+    # Compiled GPU kernels are kept beside the op libraries.
+    cdll.hvdkeras_gpu_set_kernel_cache_dir(str(toolchain.cache_root() / "kernels").encode())
+    return cdll
+
+
 def load() -> tuple[Any, ctypes.CDLL]:
     """Returns (TensorFlow op module, ctypes handle), building on first use."""
     global _ops_module, _cdll, _path
@@ -47,16 +60,23 @@ def load() -> tuple[Any, ctypes.CDLL]:
             path = build.ensure_built()
             _ops_module = tf.load_op_library(str(path))
             compat.exempt_from_program_order(COLLECTIVE_OP_TYPES)
-            _cdll = c_api.bind(ctypes.CDLL(str(path)))
-            # Where a GPU build finds the CUDA runtime, NVRTC and NCCL when
-            # TensorFlow has not loaded them already: the NVIDIA wheels.
-            dirs = ":".join(str(d) for d in cuda_build.wheel_dirs("lib"))
-            _cdll.hvdkeras_gpu_set_library_dirs(dirs.encode())
-            # Compiled GPU kernels are kept beside the op libraries.
-            _cdll.hvdkeras_gpu_set_kernel_cache_dir(
-                str(toolchain.cache_root() / "kernels").encode())
+            _cdll = _configured(c_api.bind(ctypes.CDLL(str(path))))
             _path = path
         return _ops_module, _cdll
+
+
+def engine_handle() -> ctypes.CDLL:
+    """The engine's C entry points without the TensorFlow binding (for the other
+    backends); the TensorFlow handle when that is loaded already."""
+    global _engine_cdll
+    with _lock:
+        if _cdll is not None:
+            return _cdll
+        if _engine_cdll is None:
+            library = build.ensure_built()
+            path = library.with_name(toolchain.core_library_name(library.parent.name))
+            _engine_cdll = _configured(c_api.bind(ctypes.CDLL(str(path))))
+        return _engine_cdll
 
 
 def ops() -> Any:
@@ -81,5 +101,5 @@ def vocabulary() -> types.Vocabulary:
     """The loaded library's element types and reductions (loads it if needed)."""
     global _vocabulary
     if _vocabulary is None:
-        _vocabulary = types.parse_vocabulary(handle().hvdkeras_vocabulary().decode())
+        _vocabulary = types.parse_vocabulary(engine_handle().hvdkeras_vocabulary().decode())
     return _vocabulary

@@ -56,5 +56,5 @@ def engine_stats() -> EngineStats:
     ```
     """
     require()
-    counts, seconds = c_api.engine_stats(library.handle())
+    counts, seconds = c_api.engine_stats(library.engine_handle())
     return EngineStats(*counts, *seconds)

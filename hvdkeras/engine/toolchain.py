@@ -26,9 +26,25 @@ from pathlib import Path
 from hvdkeras.engine import cuda_build
 
 LIBRARY_NAME = "libhvdkeras_ops.so"
+# Note [one engine, many bindings]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The engine (core/, and cuda/ in a GPU build) is its own shared library with
+# no framework in it; each framework binding links against it. The TensorFlow
+# op library (LIBRARY_NAME) finds it beside itself ($ORIGIN), and other
+# backends load it by path, so a process holds one engine whichever binding
+# reached it first. Its C entry points (core/c_api.cc) are the one boundary.
+# Its file name (and soname) carries the cache key: a process that loaded one
+# build's engine (a test of another source tree, say) would otherwise hand
+# it to the next build's op library, whose symbols it may lack.
+CORE_LIBRARY_PREFIX = "libhvdkeras_core-"
+# Which libraries a cache entry holds and how they link: part of the cache
+# key, so that an entry built the old way is never taken for a new one.
+LIBRARY_LAYOUT = 2
 BUILD_INFO_NAME = "build_info.json"
 SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".def")
-COMPILED_SUBDIRS = ("core", "tf")
+CORE_SUBDIR = "core"
+TF_SUBDIR = "tf"
+COMPILED_SUBDIRS = (CORE_SUBDIR, TF_SUBDIR)
 CUDA_SUBDIR = "cuda"  # compiled too when the build has a GPU part
 EXCLUDED_SUBDIRS = ("tests",)
 # -O3 because GCC vectorizes the engine's elementwise loops (reductions,
@@ -246,6 +262,7 @@ def build_inputs(source_dir: Path | None = None) -> dict:
         "mpi_version": mpi["version"],
         "mpi_include": mpi["include_dir"],
         "python": sys.implementation.cache_tag,
+        "layout": LIBRARY_LAYOUT,
         "source_hash": source_hash(source_dir),
         **cuda_build.cuda_inputs(tf_build, tf_include, source_dir),
     }
@@ -269,6 +286,16 @@ def cache_root() -> Path:
 def library_path(key: str) -> Path:
     """Where the library for cache key ``key`` lives (whether built or not)."""
     return cache_root() / "ops" / key / LIBRARY_NAME
+
+
+def core_library_name(key: str) -> str:
+    """File name (and soname) of the engine library of cache key ``key``."""
+    return f"{CORE_LIBRARY_PREFIX}{key}.so"
+
+
+def core_library_path(key: str) -> Path:
+    """The engine library beside the op library of cache key ``key``."""
+    return library_path(key).with_name(core_library_name(key))
 
 
 def read_build_info(library: Path) -> dict:

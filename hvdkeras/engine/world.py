@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from hvdkeras.engine import agreement, c_api, failfast, library
 from hvdkeras.engine import process_sets as process_set_registry
-from hvdkeras.engine import tf_threads
+from hvdkeras.engine import frameworks, tf_threads
 from hvdkeras.engine.config import (EXPECTED_SIZE, EngineConfig, engine_config_from_env,
                                     ignored_horovod_aliases, info_logs)
 
@@ -116,6 +116,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if _world is not None:
         return
     process_set_registry.check_init_argument(process_sets)
+    backend = frameworks.keras_backend()
+    frameworks.check_supported(backend)
     config = engine_config_from_env()
     threads_setting = tf_threads.parse_setting()
     from mpi4py import MPI  # lazy: importing it initializes MPI, which only init() may do
@@ -136,7 +138,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE to use mpi4py alongside it). "
             "Do not lower mpi4py.rc.thread_level."
         )
-    lib = library.handle()
+    lib = library.engine_handle()
     # Every rank must be here before the collective calls below (Note
     # [bounded waits] in ops/core/watchdog.h); no engine runs yet to ask.
     agreement.meet(comm, "hvdkeras.init()", timeout_s=config.stall_shutdown_seconds,
@@ -146,7 +148,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     local_comm = engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.Get_rank())
     cross_comm = engine_comm.Split(color=local_comm.Get_rank(), key=engine_comm.Get_rank())
     local_sizes = engine_comm.allgather(local_comm.Get_size())
-    _share_tf_threads(threads_setting, local_comm, warn=engine_comm.Get_rank() == 0)
+    _share_threads(backend, threads_setting, local_comm, warn=engine_comm.Get_rank() == 0)
     try:
         c_api.start(lib, engine_comm.py2f(), config)
     except RuntimeError:
@@ -170,7 +172,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         # MPI_COMM_WORLD, not the engine's duplicate: every process of the job ends.
         failfast.install(MPI.COMM_WORLD.Abort, _world.rank, _world.size)
     process_set_registry.register_at_init(process_sets)
-    _announce_gpu_part(lib, _world.rank == 0)
+    _announce_gpu_part(lib, _world.rank == 0, backend)
     if _world.rank == 0:
         for line in ignored_horovod_aliases(os.environ):
             print(f"hvdkeras: {line}", file=sys.stderr, flush=True)
@@ -179,7 +181,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 _gpu_announced = False
 
 
-def _announce_gpu_part(lib: Any, is_rank0: bool) -> None:
+def _announce_gpu_part(lib: Any, is_rank0: bool, backend: str) -> None:
     """Says once (rank 0) when the library has a GPU part but no GPU is usable.
 
     Such a library works as a CPU build: GPU tensors never reach it, since
@@ -197,17 +199,16 @@ def _announce_gpu_part(lib: Any, is_rank0: bool) -> None:
         return
     message = (f"the op library has its GPU part, but {description}; collectives run on "
                "the CPU")
-    import tensorflow as tf  # lazy: loaded by now in every process that gets here
-
-    if tf.config.list_physical_devices("GPU"):
-        print(f"hvdkeras: warning: TensorFlow sees a GPU, but {message}", file=sys.stderr,
+    if frameworks.sees_gpu(backend):
+        print(f"hvdkeras: warning: {backend} sees a GPU, but {message}", file=sys.stderr,
               flush=True)
     elif info_logs():
         print(f"hvdkeras: {message}", file=sys.stderr, flush=True)
 
 
-def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> None:
-    """Applies the HVDKERAS_TF_THREADS policy; collective over the host's ranks."""
+def _share_threads(backend: str, setting: int, local_comm: Any, warn: bool) -> None:
+    """Applies the HVDKERAS_TF_THREADS policy to the backend's thread pools;
+    collective over the host's ranks."""
     if setting == tf_threads.OFF:
         return
     cpus = tf_threads.allowed_cpus()
@@ -216,7 +217,7 @@ def _share_tf_threads(setting: int, local_comm: Any, warn: bool) -> None:
     if setting == tf_threads.AUTO and not shared:
         return  # no other rank competes for these cores: TensorFlow's defaults fit
     threads = setting if setting > 0 else tf_threads.threads_per_rank(cpus, cpu_sets)
-    tf_threads.apply(threads, warn, spin=not shared)
+    frameworks.set_thread_pools(backend, threads, warn, spin=not shared)
 
 
 def shutdown() -> None:
@@ -240,7 +241,7 @@ def shutdown() -> None:
     world, _world = _world, None
     failfast.uninstall()
     process_set_registry.close_registry()
-    library.handle().hvdkeras_engine_stop()
+    library.engine_handle().hvdkeras_engine_stop()
     for c in (world.cross_comm, world.local_comm, world.comm):
         c.Free()
 
@@ -252,7 +253,7 @@ def meet(what: str, value: Any = None) -> list:
     waited when some rank is elsewhere (see `hvdkeras.engine.agreement`).
     """
     w = require()
-    return agreement.meet_with_engine(w.control_comm, library.handle(),
+    return agreement.meet_with_engine(w.control_comm, library.engine_handle(),
                                       w.config.stall_shutdown_seconds, what, value)
 
 
@@ -323,13 +324,13 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     ```
     """
     require()
-    library.handle().hvdkeras_set_timeline(str(file_path).encode(), int(mark_cycles))
+    library.engine_handle().hvdkeras_set_timeline(str(file_path).encode(), int(mark_cycles))
 
 
 def stop_timeline() -> None:
     """Stops the trace started by `start_timeline` (or HVDKERAS_TIMELINE)."""
     require()
-    library.handle().hvdkeras_set_timeline(b"", 0)
+    library.engine_handle().hvdkeras_set_timeline(b"", 0)
 
 
 def engine_config() -> EngineConfig:
@@ -350,8 +351,8 @@ def engine_config() -> EngineConfig:
     ```
     """
     config = require().config
-    threshold, cycle_time_ms = c_api.current_params(library.handle())
-    path = c_api.allreduce_path(library.handle())
+    threshold, cycle_time_ms = c_api.current_params(library.engine_handle())
+    path = c_api.allreduce_path(library.engine_handle())
     return dataclasses.replace(config, fusion_threshold=threshold, cycle_time_ms=cycle_time_ms,
                                shm_allreduce=path != "mpi",
                                hierarchical_allreduce="on" if path == "hierarchical" else "off")

@@ -80,7 +80,7 @@ def pin_gpu() -> Any:
     # The engine learns the GPU (a rank whose batch holds only a joined
     # rank's stand-ins uses it) and readies it now, kernels included, so the
     # first collective does not compile them.
-    unusable = c_api.gpu_pin(library.handle(), index)
+    unusable = c_api.gpu_pin(library.engine_handle(), index)
     if unusable:
         warnings.warn(f"hvdkeras.pin_gpu(): the GPU collectives cannot use GPU {index}: "
                       f"{unusable}", RuntimeWarning, stacklevel=2)

@@ -17,7 +17,7 @@ def gpu_rows(build_info: Mapping) -> list[tuple[str, object]]:
     """``(label, value)`` rows about the GPU part and the machine's GPUs."""
     rows: list[tuple[str, object]] = []
     if build_info.get("device") == "CUDA":
-        lib = library.handle()
+        lib = library.engine_handle()
         runtime = c_api.gpu_build_info(lib)
         count, description = c_api.gpu_probe(lib)
         rows += [

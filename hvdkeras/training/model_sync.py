@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
+from hvdkeras.backends import variables as any_backend
 from hvdkeras.collectives.broadcasting import broadcast_variables
+from hvdkeras.engine import frameworks
 from hvdkeras.sharding.sharded_optimizer import everywhere_variables
 
 
@@ -86,5 +88,9 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
     if optimizer is not None:
         variables += everywhere_variables(optimizer)
     kept = {id(v) for v in exclude}
-    broadcast_variables([v for v in _unique(variables) if id(v) not in kept],
-                        root_rank=root_rank, name="hvdkeras_broadcast_model")
+    chosen = [v for v in _unique(variables) if id(v) not in kept]
+    if frameworks.keras_backend() == frameworks.TENSORFLOW:
+        broadcast_variables(chosen, root_rank=root_rank, name="hvdkeras_broadcast_model")
+    else:
+        any_backend.broadcast_variables(chosen, root_rank=root_rank,
+                                        name="hvdkeras_broadcast_model")

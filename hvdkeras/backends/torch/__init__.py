@@ -1,0 +1,9 @@
+"""The PyTorch backend: collectives as registered torch custom ops with
+autograd (`ops`), their public functions (`collectives`), and the
+`DistributedOptimizer` of Keras's torch trainer (`optimizer`).
+
+Tensors live in host memory: a CUDA tensor is refused with a clear error
+until the GPU path serves this binding.
+
+What may import this package: the facade's dispatch (`hvdkeras.backends.dispatch`).
+"""

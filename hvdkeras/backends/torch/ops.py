@@ -1,0 +1,216 @@
+"""hvdkeras's collectives as torch custom ops (`torch.ops.hvdkeras.*`).
+
+Registered with `torch.library.custom_op`, so eager code, autograd and
+`torch.compile` (through the fake implementations, which only shape the
+outputs) all see one op each. The gradients follow Note [collective
+gradient conventions] in `hvdkeras/collectives/gradients.py`, as the
+TensorFlow ops' do.
+
+What may import this module: the rest of `hvdkeras.backends.torch`.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+
+from hvdkeras.backends import host
+from hvdkeras.engine import process_sets
+from hvdkeras.engine.config import collective_gradients
+from hvdkeras.engine.types import Average, Sum
+
+
+def _host_tensor(tensor: torch.Tensor, what: str) -> host.HostTensor:
+    if tensor.device.type != "cpu":
+        raise ValueError(f"hvdkeras.{what} takes CPU tensors under the torch backend for now; "
+                         f"got one on {tensor.device}. Move it with .cpu().")
+    return host.HostTensor(tensor.data_ptr(), tuple(tensor.shape),
+                           str(tensor.dtype).removeprefix("torch."))
+
+
+def _inputs(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    return [t.detach().contiguous() for t in tensors]
+
+
+@torch.library.custom_op("hvdkeras::allreduce", mutates_args=())
+def allreduce(tensors: List[torch.Tensor], name: str, op: int, prescale: float,
+              postscale: float, process_set_id: int) -> List[torch.Tensor]:
+    inputs = _inputs(tensors)
+    outputs = [torch.empty_like(t) for t in inputs]
+    if inputs:
+        host.allreduce([_host_tensor(t, "allreduce") for t in inputs],
+                       [o.data_ptr() for o in outputs], name, op, prescale, postscale,
+                       process_set_id, keep=(inputs, outputs))
+    return outputs
+
+
+@allreduce.register_fake
+def _(tensors, name, op, prescale, postscale, process_set_id):
+    return [torch.empty_like(t) for t in tensors]
+
+
+def _allreduce_setup(ctx, inputs, output):
+    _, name, op, prescale, postscale, process_set_id = inputs
+    ctx.settings = (name, op, prescale, postscale, process_set_id)
+
+
+def _allreduce_backward(ctx, grads):
+    name, op, prescale, postscale, process_set_id = ctx.settings
+    if op not in (Sum, Average):
+        raise RuntimeError("hvdkeras.allreduce has a gradient for Sum and Average only.")
+    grads = [g if g is not None else torch.zeros(()) for g in grads]
+    reduced = allreduce(grads, f"{name}_grad", op, postscale, prescale, process_set_id)
+    return reduced, None, None, None, None, None
+
+
+allreduce.register_autograd(_allreduce_backward, setup_context=_allreduce_setup)
+
+
+@torch.library.custom_op("hvdkeras::broadcast", mutates_args=())
+def broadcast(tensors: List[torch.Tensor], name: str, root_rank: int,
+              process_set_id: int) -> List[torch.Tensor]:
+    inputs = _inputs(tensors)
+    outputs = [torch.empty_like(t) for t in inputs]
+    by_dtype = {}
+    for index, t in enumerate(inputs):
+        by_dtype.setdefault(str(t.dtype), []).append(index)
+    for dtype, chosen in sorted(by_dtype.items()):
+        host.broadcast([_host_tensor(inputs[i], "broadcast") for i in chosen],
+                       [outputs[i].data_ptr() for i in chosen],
+                       name if len(by_dtype) == 1 else f"{name}.{dtype}", root_rank,
+                       process_set_id, keep=(inputs, outputs))
+    return outputs
+
+
+@broadcast.register_fake
+def _(tensors, name, root_rank, process_set_id):
+    return [torch.empty_like(t) for t in tensors]
+
+
+def _broadcast_setup(ctx, inputs, output):
+    _, name, root_rank, process_set_id = inputs
+    ctx.settings = (name, root_rank, process_set_id)
+
+
+def _broadcast_backward(ctx, grads):
+    # Exact: the root's input reaches every rank's output, so its gradient is
+    # the sum of every rank's output gradient; other ranks' inputs are unused.
+    name, root_rank, process_set_id = ctx.settings
+    op = Average if collective_gradients() == "horovod" else Sum
+    reduced = allreduce(list(grads), f"{name}_grad", op, 1.0, 1.0, process_set_id)
+    if process_sets.view_by_id(process_set_id).set_rank != root_rank:
+        reduced = [torch.zeros_like(g) for g in reduced]
+    return reduced, None, None, None
+
+
+broadcast.register_autograd(_broadcast_backward, setup_context=_broadcast_setup)
+
+
+def _allocating(kind, tensor: torch.Tensor):
+    results: List[torch.Tensor] = []
+
+    def allocate(shape) -> int:
+        results.append(torch.empty(shape, dtype=tensor.dtype))
+        return results[-1].data_ptr()
+
+    return results, allocate
+
+
+@torch.library.custom_op("hvdkeras::allgather", mutates_args=())
+def allgather(tensor: torch.Tensor, name: str, process_set_id: int) -> torch.Tensor:
+    source = tensor.detach().contiguous()
+    results, allocate = _allocating("allgather", source)
+    host.allgather([_host_tensor(source, "allgather")], allocate, name, process_set_id)
+    return results[0]
+
+
+@allgather.register_fake
+def _(tensor, name, process_set_id):
+    rows = torch.library.get_ctx().new_dynamic_size()
+    return tensor.new_empty((rows, *tensor.shape[1:]))
+
+
+def _allgather_setup(ctx, inputs, output):
+    tensor, name, process_set_id = inputs
+    ctx.settings = (name, process_set_id, tensor.shape[0] if tensor.dim() else 1)
+
+
+def _allgather_backward(ctx, grad):
+    # Each rank's rows reach every rank: sum the output gradients, keep own rows.
+    name, process_set_id, rows = ctx.settings
+    op = Average if collective_gradients() == "horovod" else Sum
+    reduced = allreduce([grad], f"{name}_grad", op, 1.0, 1.0, process_set_id)[0]
+    counts = allgather(torch.tensor([rows], dtype=torch.int64), f"{name}_grad_rows",
+                       process_set_id)
+    me = process_sets.view_by_id(process_set_id).set_rank
+    start = int(counts[:me].sum())
+    return reduced[start:start + rows], None, None
+
+
+allgather.register_autograd(_allgather_backward, setup_context=_allgather_setup)
+
+
+@torch.library.custom_op("hvdkeras::reducescatter", mutates_args=())
+def reducescatter(tensor: torch.Tensor, name: str, op: int, prescale: float, postscale: float,
+                  process_set_id: int) -> torch.Tensor:
+    source = tensor.detach().contiguous()
+    results, allocate = _allocating("reducescatter", source)
+    host.reducescatter([_host_tensor(source, "reducescatter")], allocate, name, op, prescale,
+                       postscale, process_set_id)
+    return results[0]
+
+
+@reducescatter.register_fake
+def _(tensor, name, op, prescale, postscale, process_set_id):
+    rows = torch.library.get_ctx().new_dynamic_size()
+    return tensor.new_empty((rows, *tensor.shape[1:]))
+
+
+def _reducescatter_setup(ctx, inputs, output):
+    _, name, op, prescale, postscale, process_set_id = inputs
+    ctx.settings = (name, op, process_set_id)
+
+
+def _reducescatter_backward(ctx, grad):
+    # Every input row feeds one rank's output row: gather the output gradients.
+    name, op, process_set_id = ctx.settings
+    gathered = allgather(grad.contiguous(), f"{name}_grad", process_set_id)
+    if op == Average and collective_gradients() != "horovod":
+        gathered = gathered / process_sets.set_size(process_set_id)
+    return gathered, None, None, None, None, None
+
+
+reducescatter.register_autograd(_reducescatter_backward, setup_context=_reducescatter_setup)
+
+
+@torch.library.custom_op("hvdkeras::alltoall", mutates_args=())
+def alltoall(tensor: torch.Tensor, splits: List[int], name: str,
+             process_set_id: int) -> List[torch.Tensor]:
+    source = tensor.detach().contiguous()
+    results, allocate = _allocating("alltoall", source)
+    received = host.alltoall(_host_tensor(source, "alltoall"), splits or None, allocate, name,
+                             process_set_id)
+    return [results[0], torch.tensor(received, dtype=torch.int32)]
+
+
+@alltoall.register_fake
+def _(tensor, splits, name, process_set_id):
+    rows = torch.library.get_ctx().new_dynamic_size()
+    return [tensor.new_empty((rows, *tensor.shape[1:])),
+            torch.empty((process_sets.set_size(process_set_id),), dtype=torch.int32)]
+
+
+def _alltoall_setup(ctx, inputs, output):
+    _, _, name, process_set_id = inputs
+    ctx.settings = (name, process_set_id, [int(v) for v in output[1]])
+
+
+def _alltoall_backward(ctx, grads):
+    # The gradient goes back the way the rows came.
+    name, process_set_id, received = ctx.settings
+    back = alltoall(grads[0].contiguous(), received, f"{name}_grad", process_set_id)[0]
+    return back, None, None, None
+
+
+alltoall.register_autograd(_alltoall_backward, setup_context=_alltoall_setup)

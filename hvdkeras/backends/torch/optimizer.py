@@ -1,0 +1,182 @@
+"""`DistributedOptimizer` under Keras's torch backend.
+
+Keras's torch trainer hands the optimizer every gradient after
+`loss.backward()` (`optimizer.apply(grads, trainable_weights)`); the
+distributed optimizer reduces them there, one fused request per dtype (or
+per gradient group), before the user's optimizer unscales, clips, decays
+and updates. As under TensorFlow the optimizer is converted in place into a
+subclass of its own class that keeps its name, so saved files record the
+plain optimizer.
+
+What may import this module: the facade's dispatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
+
+import keras
+import torch
+
+from hvdkeras import compat
+from hvdkeras.backends.torch.collectives import grouped_allreduce
+from hvdkeras.engine import process_sets
+from hvdkeras.engine.process_sets import ProcessSet, global_process_set
+from hvdkeras.engine.types import Average, Sum
+
+_UNSUPPORTED = {
+    "zero_stage": 0,
+    "backward_passes_per_step": 1,
+}
+
+
+class _TorchDistributedMixin:
+    """Methods placed in front of the user's optimizer class."""
+
+    _hvdkeras_settings: Dict[str, Any]
+    _hvdkeras_local_ids: Set[int]
+
+    def register_local_var(self, var) -> None:
+        """Keeps `var`'s gradient local (not reduced; divided by the process set's
+        size when `scale_local_gradients=True`, as in Horovod)."""
+        self._hvdkeras_local_ids.add(id(var))
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        variables = list(trainable_variables) if trainable_variables is not None else \
+            list(getattr(self, "_trainable_variables", []))
+        return super().apply(reduce_gradients(grads, variables, self._hvdkeras_settings,
+                                              self._hvdkeras_local_ids), trainable_variables)
+
+
+def reduce_gradients(grads: List[Optional[torch.Tensor]], variables: Sequence[Any],
+                     settings: Dict[str, Any], local_ids: Set[int]) -> List[Any]:
+    """The gradients averaged (or summed) over the process set; None stays None."""
+    size = process_sets.view(settings["process_set"]).size
+    local = {k for k, v in enumerate(variables) if id(v) in local_ids} if local_ids else set()
+    present = [k for k, g in enumerate(grads) if g is not None and k not in local]
+    out = list(grads)
+    if settings["scale_local_gradients"]:
+        for k in local:
+            if grads[k] is not None:
+                out[k] = grads[k] / size
+    factor = settings["gradient_predivide_factor"]
+    op, pre, post = settings["op"], 1.0, 1.0
+    if op == Average and factor != 1.0:
+        op, pre, post = Sum, 1.0 / factor, factor / size
+    for index, group in enumerate(_groups(present, variables, settings)):
+        reduced = grouped_allreduce([grads[k] for k in group], name=f"{settings['name']}.{index}",
+                                    op=op, prescale_factor=pre, postscale_factor=post,
+                                    compression=settings["compression"],
+                                    process_set=settings["process_set"])
+        for k, value in zip(group, reduced):
+            out[k] = value
+    return out
+
+
+def _groups(present: List[int], variables: Sequence[Any], settings: Dict[str, Any]
+            ) -> List[List[int]]:
+    """Which gradients share a fused request: all, `num_groups` contiguous parts,
+    or the explicit `groups` of variables plus one group of the rest."""
+    if settings["groups"] is not None:
+        position = {id(v): k for k, v in enumerate(variables)}
+        chosen = [[position[id(v)] for v in group if position.get(id(v)) in present]
+                  for group in settings["groups"]]
+        listed = {k for group in chosen for k in group}
+        rest = [k for k in present if k not in listed]
+        return [g for g in chosen + [rest] if g]
+    parts = settings["num_groups"]
+    if parts and parts > 1 and present:
+        step = -(-len(present) // parts)
+        return [present[i:i + step] for i in range(0, len(present), step)]
+    return [present] if present else []
+
+
+_CLASSES: Dict[type, type] = {}
+
+
+def _distributed_class(base: type) -> type:
+    derived = _CLASSES.get(base)
+    if derived is None:
+        derived = type(base.__name__, (_TorchDistributedMixin, base), {
+            "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__})
+        compat.keep_registered_name(base, derived)
+        _CLASSES[base] = derived
+    return derived
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
+    return isinstance(optimizer, _TorchDistributedMixin)
+
+
+def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
+                         name: Optional[str] = None, compression: Any = None,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: int = Average,
+                         num_groups: int = 0, groups: Optional[Sequence[Sequence[Any]]] = None,
+                         device_dense: str = "", device_sparse: str = "",
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True,
+                         zero_stage: int = 0) -> keras.optimizers.Optimizer:
+    """Makes a Keras 3 optimizer average gradients across all ranks (torch backend).
+
+    The arguments are those of the TensorFlow backend's `DistributedOptimizer`;
+    `zero_stage` and `backward_passes_per_step` > 1 are TensorFlow-only for now
+    and raise an error here.
+
+    Args:
+        optimizer: A `keras.optimizers.Optimizer` or a name such as `"adam"`.
+        name: Prefix of the collective names (the same on every rank).
+        compression: `hvdkeras.Compression.fp16` or `.bf16` to send gradients
+            at half width.
+        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
+        gradient_predivide_factor: Average as a sum of gradients times 1/f
+            before and f/size after the reduction.
+        num_groups: Split the gradients into this many fused requests.
+        groups: Explicit groups as lists of variables.
+        process_set: Reduce over this set's ranks only.
+        scale_local_gradients: Divide the gradients of `register_local_var`
+            variables by the set's size.
+
+    Returns:
+        The distributed optimizer (the same object, converted in place).
+
+    Example:
+
+    ```python
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(hvd.scale_lr(1e-3)))
+    model.compile(optimizer=opt, loss="mse")
+    ```
+    """
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError("hvdkeras.DistributedOptimizer needs a Keras 3 optimizer "
+                        f"(keras.optimizers.*), got {type(optimizer).__name__}.")
+    if is_distributed(optimizer):
+        raise ValueError(f"Optimizer {optimizer.name!r} is already distributed; wrap each "
+                         "optimizer once.")
+    given = {"zero_stage": zero_stage, "backward_passes_per_step": backward_passes_per_step}
+    for argument, default in _UNSUPPORTED.items():
+        if given[argument] != default:
+            raise ValueError(f"DistributedOptimizer({argument}={given[argument]!r}) is not "
+                             "supported under the torch backend yet; leave it at "
+                             f"{default!r} or train with KERAS_BACKEND=tensorflow.")
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer under the torch backend takes op=hvdkeras."
+                         f"Average or Sum, got {op!r}.")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
+    process_sets.view(process_set)  # a clear error for an unregistered set
+    optimizer.__class__ = _distributed_class(type(optimizer))
+    optimizer._hvdkeras_settings = {
+        "name": name or f"{optimizer.name}_gradients", "compression": compression,
+        "op": op, "gradient_predivide_factor": float(gradient_predivide_factor),
+        "num_groups": int(num_groups), "groups": None if groups is None else
+        [list(g) for g in groups], "process_set": process_set,
+        "scale_local_gradients": bool(scale_local_gradients)}
+    optimizer._hvdkeras_local_ids = set()
+    return optimizer

@@ -1,0 +1,238 @@
+// C entry points through which a binding that is not a TensorFlow kernel
+// (PyTorch's custom ops, JAX's, NumPy arrays) hands the engine collectives
+// over host buffers: submit a request, wait for it with a bound, read the
+// outputs whose shape negotiation decided, release it.
+//
+// Note [request lifetime]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A request's input and caller-provided output buffers belong to the
+// caller and must stay valid until the engine calls `done`, which may be
+// after a bounded wait gave up: a caller that stops waiting keeps its
+// buffers (the engine's stall bound ends the job if the op never finishes).
+// Outputs whose shape only negotiation knows (allgather, alltoall,
+// reducescatter) are allocated here and copied out by
+// hvdkeras_request_output; the request owns them until released.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/engine_api.h"
+
+namespace {
+
+using hvdkeras::DataType;
+using hvdkeras::ReduceOp;
+using hvdkeras::Shape;
+using hvdkeras::Status;
+using hvdkeras::TensorRef;
+
+// Request kinds, as the Python bindings number them (engine/requests.py).
+enum Kind : int {
+  kAllreduce = 0,
+  kBroadcast = 1,
+  kAllgather = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+};
+
+struct Request {
+  std::mutex mutex;
+  std::condition_variable finished_cv;
+  bool finished = false;
+  Status status;
+  std::vector<Shape> output_shapes;
+  std::vector<std::vector<char>> outputs;  // engine-shaped outputs only
+  std::vector<int64_t> received_splits;
+};
+
+std::mutex registry_mutex;
+std::map<int64_t, std::shared_ptr<Request>> registry;
+int64_t next_id = 1;
+
+void CopyText(const std::string& message, char* out, int capacity) {
+  if (!out || capacity <= 0) return;
+  const size_t n = std::min(message.size(), static_cast<size_t>(capacity - 1));
+  std::memcpy(out, message.data(), n);
+  out[n] = '\0';
+}
+
+std::shared_ptr<Request> Find(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry.find(id);
+  return it == registry.end() ? nullptr : it->second;
+}
+
+// Builds the tensors of one request. `dims` holds every tensor's dimensions
+// one after another; `ranks[i]` says how many belong to tensor i.
+std::vector<TensorRef> Tensors(int count, const void* const* inputs, void* const* outputs,
+                               const int* ranks, const int64_t* dims, DataType dtype,
+                               bool engine_shaped, const std::shared_ptr<Request>& request) {
+  std::vector<TensorRef> tensors(count);
+  request->output_shapes.resize(count);
+  if (engine_shaped) request->outputs.resize(count);
+  size_t at = 0;
+  for (int i = 0; i < count; ++i) {
+    TensorRef& t = tensors[i];
+    t.input = inputs[i];
+    t.dtype = dtype;
+    t.shape.assign(dims + at, dims + at + ranks[i]);
+    at += ranks[i];
+    request->output_shapes[i] = t.shape;
+    if (engine_shaped) {
+      std::weak_ptr<Request> weak = request;
+      t.allocate_output = [weak, i, dtype](const Shape& shape, void** data) {
+        auto r = weak.lock();
+        if (!r) return Status::Error(hvdkeras::StatusCode::kAborted, "request released");
+        r->output_shapes[i] = shape;
+        r->outputs[i].resize(hvdkeras::NumElements(shape) * hvdkeras::DataTypeSize(dtype) + 1);
+        *data = r->outputs[i].data();
+        return Status::OK();
+      };
+    } else {
+      t.output = outputs[i];
+    }
+  }
+  return tensors;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Submits one collective over `count` host tensors of element type `dtype`
+// (the engine's numbering, see hvdkeras_vocabulary). Allreduce and
+// broadcast write into `outputs` (which may equal `inputs`); the others
+// allocate their outputs (Note [request lifetime]). `splits` (alltoall
+// only) holds `count_splits` row counts. Returns the request's id (> 0), or
+// 0 with a message in `error` when the op could not be queued.
+int64_t hvdkeras_request_submit(int kind, const char* name, int count,
+                                const void* const* inputs, void* const* outputs,
+                                const int* ranks, const int64_t* dims, int dtype,
+                                int reduce_op, double prescale, double postscale, int root,
+                                const int64_t* splits, int count_splits, int process_set,
+                                char* error, int capacity) {
+  if (!hvdkeras::IsValidDataType(dtype) || !hvdkeras::IsValidReduceOp(reduce_op)) {
+    CopyText("unknown element type or reduction number", error, capacity);
+    return 0;
+  }
+  auto request = std::make_shared<Request>();
+  const bool engine_shaped = kind == kAllgather || kind == kAlltoall || kind == kReducescatter;
+  std::vector<TensorRef> tensors = Tensors(count, inputs, outputs, ranks, dims,
+                                           static_cast<DataType>(dtype), engine_shaped, request);
+  if (kind == kAlltoall && count == 1) {
+    std::weak_ptr<Request> weak = request;
+    tensors[0].receive_splits = [weak](const std::vector<int64_t>& received) {
+      if (auto r = weak.lock()) r->received_splits = received;
+    };
+  }
+  // The callback holds the request, so it outlives a caller that released it.
+  hvdkeras::DoneCallback done = [request](const Status& status) {
+    std::lock_guard<std::mutex> lock(request->mutex);
+    request->status = status;
+    request->finished = true;
+    request->finished_cv.notify_all();
+  };
+  const std::string op_name = name ? name : "";
+  const auto op = static_cast<ReduceOp>(reduce_op);
+  Status s;
+  switch (kind) {
+    case kAllreduce:
+      s = hvdkeras::EnqueueAllreduce(op_name, std::move(tensors), op, prescale, postscale,
+                                     process_set, done);
+      break;
+    case kBroadcast:
+      s = hvdkeras::EnqueueBroadcast(op_name, std::move(tensors), root, process_set, done);
+      break;
+    case kAllgather:
+      s = hvdkeras::EnqueueAllgather(op_name, std::move(tensors), process_set, done);
+      break;
+    case kAlltoall:
+      if (count != 1) {
+        s = Status::Error(hvdkeras::StatusCode::kInvalidArgument, "alltoall takes one tensor");
+        break;
+      }
+      s = hvdkeras::EnqueueAlltoall(op_name, tensors[0],
+                                    std::vector<int64_t>(splits, splits + count_splits),
+                                    process_set, done);
+      break;
+    case kReducescatter:
+      s = hvdkeras::EnqueueReducescatter(op_name, std::move(tensors), op, prescale, postscale,
+                                         process_set, done);
+      break;
+    case kBarrier:
+      s = hvdkeras::EnqueueBarrier(op_name, process_set, done);
+      break;
+    default:
+      s = Status::Error(hvdkeras::StatusCode::kInvalidArgument,
+                        "unknown request kind " + std::to_string(kind));
+  }
+  if (!s.ok()) {
+    CopyText(s.message, error, capacity);
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const int64_t id = next_id++;
+  registry[id] = request;
+  return id;
+}
+
+// Waits up to `timeout_seconds` for the request. Returns 0 when it
+// succeeded, 1 when it failed (message in `error`), 2 when it is still
+// running, 3 for an unknown id.
+int hvdkeras_request_wait(int64_t id, double timeout_seconds, char* error, int capacity) {
+  auto request = Find(id);
+  if (!request) return 3;
+  std::unique_lock<std::mutex> lock(request->mutex);
+  const auto bound = std::chrono::duration<double>(timeout_seconds);
+  if (!request->finished_cv.wait_for(lock, bound, [&] { return request->finished; })) return 2;
+  if (request->status.ok()) return 0;
+  CopyText(request->status.message, error, capacity);
+  return 1;
+}
+
+// The shape of output `index` of a finished request: writes up to
+// `capacity` dimensions into `dims` and returns the rank (-1: no such output).
+int hvdkeras_request_shape(int64_t id, int index, int64_t* dims, int capacity) {
+  auto request = Find(id);
+  if (!request || index < 0 || index >= static_cast<int>(request->output_shapes.size())) {
+    return -1;
+  }
+  const Shape& shape = request->output_shapes[index];
+  for (int d = 0; d < static_cast<int>(shape.size()) && d < capacity; ++d) dims[d] = shape[d];
+  return static_cast<int>(shape.size());
+}
+
+// Copies engine-allocated output `index` into `destination` (sized from
+// hvdkeras_request_shape). Returns the bytes copied, or -1.
+int64_t hvdkeras_request_output(int64_t id, int index, void* destination) {
+  auto request = Find(id);
+  if (!request || index < 0 || index >= static_cast<int>(request->outputs.size())) return -1;
+  const std::vector<char>& data = request->outputs[index];
+  const int64_t bytes = data.empty() ? 0 : static_cast<int64_t>(data.size()) - 1;
+  if (bytes > 0) std::memcpy(destination, data.data(), bytes);
+  return bytes;
+}
+
+// Rows each rank sent to this one in an alltoall; returns how many ranks.
+int hvdkeras_request_received_splits(int64_t id, int64_t* out, int capacity) {
+  auto request = Find(id);
+  if (!request) return -1;
+  const auto& received = request->received_splits;
+  for (int r = 0; r < static_cast<int>(received.size()) && r < capacity; ++r) out[r] = received[r];
+  return static_cast<int>(received.size());
+}
+
+// Forgets the request (its outputs go when the engine is done with it too).
+void hvdkeras_request_release(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry.erase(id);
+}
+
+}  // extern "C"

@@ -1,0 +1,46 @@
+"""The PyTorch backend (KERAS_BACKEND=torch) on real MPI processes.
+
+* Each file in tests/torch_parallel/ runs as its own pytest session on every
+  rank, at 2 and at 3 ranks: the collectives exact per rank, `model.fit`
+  equal to one process on the global batch.
+* A user's script (examples/keras_any_backend.py) trains with `hvdkerasrun
+  -np 2` under the torch backend, unchanged from TensorFlow's.
+
+Skipped, saying so, where torch is not installed (`pip install -e ".[torch]"`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpi_runner import assert_every_rank_passed, describe, run_command, run_pytest_under_mpi
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+PARALLEL = sorted((TESTS / "torch_parallel").glob("test_*.py"))
+TIMEOUT = 240
+TORCH = {"KERAS_BACKEND": "torch", "HVDKERAS_STALL_SHUTDOWN_SECONDS": "120"}
+
+pytestmark = [
+    pytest.mark.usefixtures("op_library_built"),
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                       reason="torch is not installed: pip install -e '.[torch]'"),
+]
+
+
+def test_torch_parallel_files_found():
+    assert {"test_torch_collectives.py", "test_torch_training.py"} <= {p.name for p in PARALLEL}
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("test_file", PARALLEL, ids=[p.stem for p in PARALLEL])
+def test_torch_parallel_file(test_file, ranks):
+    result, reports = run_pytest_under_mpi(
+        ranks, test_file, timeout=TIMEOUT, env=TORCH,
+        extra_args=["-rfE", "-W", "ignore::DeprecationWarning"])
+    assert_every_rank_passed(ranks, result, reports)

@@ -1,0 +1,92 @@
+"""`model.fit` under KERAS_BACKEND=torch on N ranks equals one process
+training on the same global batches (each rank holds its slice of every
+global batch), with the user's script unchanged from TensorFlow's.
+"""
+
+import keras
+import numpy as np
+import pytest
+import torch
+
+import hvdkeras as hvd
+
+GLOBAL_BATCH = 12
+STEPS = 4
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(GLOBAL_BATCH * STEPS, 6)).astype("float32")
+    y = (x @ rng.normal(size=(6, 1)) + 0.1).astype("float32")
+    return x, y
+
+
+def my_slice(n, r):
+    per = GLOBAL_BATCH // n
+    return np.concatenate([np.arange(b * GLOBAL_BATCH + r * per,
+                                     b * GLOBAL_BATCH + (r + 1) * per) for b in range(STEPS)])
+
+
+def make_model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def weights(model):
+    return [keras.ops.convert_to_numpy(v) for v in model.weights]
+
+
+def reference(optimizer, epochs=2):
+    """One process, the global batch, the plain optimizer."""
+    x, y = data()
+    model = make_model(seed=7)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0)
+    return model
+
+
+def distributed(optimizer, epochs=2, callbacks=()):
+    n, r = hvd.size(), hvd.rank()
+    if GLOBAL_BATCH % n:
+        pytest.skip(f"{GLOBAL_BATCH} does not split over {n} ranks")
+    x, y = data()
+    mine = my_slice(n, r)
+    model = make_model(seed=7 + 1000 * r)  # ranks start apart: the broadcast must fix it
+    model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss="mse")
+    history = model.fit(x[mine], y[mine], batch_size=GLOBAL_BATCH // n, epochs=epochs,
+                        shuffle=False, verbose=0,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), *callbacks])
+    return model, history
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    lambda: keras.optimizers.Adam(0.01),
+    lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01, global_clipnorm=0.5),
+], ids=["sgd", "adam", "adamw_clip"])
+def test_fit_equals_one_process_on_the_global_batch(make_optimizer):
+    model, _ = distributed(make_optimizer())
+    expected = reference(make_optimizer())
+    for got, want in zip(weights(model), weights(expected)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    for got, want in zip(model.optimizer.variables, expected.optimizer.variables):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got),
+                                   keras.ops.convert_to_numpy(want), rtol=2e-5, atol=2e-6)
+
+
+def test_every_rank_ends_with_the_same_weights_and_averaged_metrics():
+    model, history = distributed(keras.optimizers.Adam(0.01),
+                                 callbacks=[hvd.callbacks.MetricAverageCallback()])
+    mine = np.concatenate([w.ravel() for w in weights(model)])
+    everyone = hvd.allgather(torch.from_numpy(mine)[None]).numpy()
+    assert np.array_equal(everyone.min(0), everyone.max(0))
+    losses = hvd.allgather(torch.tensor([history.history["loss"][-1]])).numpy()
+    assert np.all(losses == losses[0])
+
+
+def test_unsupported_settings_are_refused():
+    with pytest.raises(ValueError, match="zero_stage"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1)
+    with pytest.raises(ValueError, match="already distributed"):
+        hvd.DistributedOptimizer(hvd.DistributedOptimizer(keras.optimizers.Adam()))
