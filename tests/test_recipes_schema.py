@@ -96,7 +96,7 @@ MALFORMED = [
     ("unknown-top-key",
      _swap("optimizer:\n", "optimiser:\n"), [],
      ["bad.yaml:10: optimiser: unknown key (did you mean 'optimizer'?); allowed keys here: "
-      "version, name, description, seed, model, data, optimizer, training"]),
+      "version, name, description, seed, backend, model, data, optimizer, training"]),
     ("misspelled-nested-key",
      _swap("  name: adam\n", "  nmae: adam\n"), [],
      ["bad.yaml:11: optimizer.nmae: unknown key (did you mean 'name'?); allowed keys here: name, "
@@ -607,3 +607,20 @@ def test_zero_stage_defaults_to_0_and_takes_0_to_2():
     assert recipe["training"]["zero_stage"] == 2
     _, issues = _validate(GOOD, ["training.zero_stage=3"])
     assert any("training.zero_stage: 3 is out of range" in str(i) for i in issues), issues
+
+
+def test_backend_sets_keras_backend_for_every_rank(tmp_path, capsys, no_launch):
+    path = tmp_path / "torch.yaml"
+    path.write_text("backend: torch\n" + GOOD)
+    assert cli.main(["train", str(path), "--np", "2"]) == 0, capsys.readouterr().err
+    (_, kwargs), = no_launch.calls
+    assert kwargs["env"]["KERAS_BACKEND"] == "torch"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("backend: mxnet\n" + GOOD, "tensorflow"),
+    ("backend: torch\n" + GOOD + "  zero_stage: 1\n", "TensorFlow-only"),
+])
+def test_bad_backend_settings_are_named(text, message):
+    recipe, issues = _validate(text)
+    assert recipe is None and any(message in issue.message for issue in issues), issues

@@ -3,8 +3,10 @@
 The facade (`hvdkeras/__init__.py`) looks a name up here first: under a
 backend listed below, `hvdkeras.<name>` is that backend's version (the same
 arguments, its own tensors); every other name, and every name under
-TensorFlow, comes from the modules the facade lists. Pure data: importing it
-loads no framework.
+TensorFlow, comes from the modules the facade lists (some of which dispatch
+themselves: `DistributedOptimizer` in `hvdkeras.training.optimizer`, which
+every caller reaches, recipes included). Pure data: importing it loads no
+framework.
 
 What may import this module: the facade.
 """
@@ -14,15 +16,12 @@ from __future__ import annotations
 from typing import Dict
 
 _TORCH_COLLECTIVES = "hvdkeras.backends.torch.collectives"
-_TORCH_OPTIMIZER = "hvdkeras.backends.torch.optimizer"
 
 BACKEND_PUBLIC: Dict[str, Dict[str, str]] = {
     "torch": {
         **dict.fromkeys(("allreduce", "grouped_allreduce", "broadcast", "broadcast_",
                          "allgather", "reducescatter", "alltoall", "barrier"),
                         _TORCH_COLLECTIVES),
-        "DistributedOptimizer": _TORCH_OPTIMIZER,
-        "is_distributed": _TORCH_OPTIMIZER,
         "broadcast_variables": "hvdkeras.backends.variables",
     },
 }

@@ -28,9 +28,12 @@ def rank_command(recipe: str, overrides: Sequence[str] = (),
 
 
 def engine_env(recipe: dict) -> Dict[str, str]:
-    """The HVDKERAS_* variables for the recipe's engine section (set ones only)."""
+    """The variables every rank gets: HVDKERAS_* for the recipe's engine section
+    (set ones only) and KERAS_BACKEND for its `backend`."""
     engine = recipe["engine"]
     env: Dict[str, str] = {}
+    if recipe.get("backend"):
+        env["KERAS_BACKEND"] = recipe["backend"]
     if engine["fusion_threshold"] is not None:
         env[config.FUSION_THRESHOLD] = str(int(engine["fusion_threshold"]))
     if engine["cycle_time_ms"] is not None:

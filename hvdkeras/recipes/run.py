@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from hvdkeras.engine import failfast, world
+from hvdkeras.engine import failfast, frameworks, world
 from hvdkeras.gpu.pin import pin_gpu
 from hvdkeras.recipes import load_recipe
 from hvdkeras.recipes.data_files import DataError
@@ -75,8 +75,19 @@ def train_on_task(recipe: str, overrides: Sequence[str] = (),
     return train(loaded, summary_json)
 
 
+def _check_backend(wanted: Optional[str]) -> None:
+    """The recipe's backend must be the one Keras loaded (KERAS_BACKEND is read once,
+    when Keras is imported: `hvdkeras train` sets it for every rank)."""
+    actual = frameworks.keras_backend()
+    if wanted and wanted != actual:
+        raise RecipeError(f"the recipe says backend: {wanted}, but Keras runs on {actual}: "
+                          f"set KERAS_BACKEND={wanted} before starting this process (hvdkeras "
+                          "train does that).")
+
+
 def train(recipe: dict, summary_json: Optional[str] = None) -> int:
     """Starts hvdkeras (if needed) and trains `recipe`; returns the exit code."""
+    _check_backend(recipe["backend"])
     timeline = recipe["engine"]["timeline"]
     if timeline:  # rank 0's engine opens it at init, before anything made the run directory
         os.makedirs(os.path.dirname(timeline) or ".", exist_ok=True)

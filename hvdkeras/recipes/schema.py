@@ -226,8 +226,15 @@ class _Version(Int):
         return result
 
 
+# The Keras backends a recipe can name (hvdkeras/engine/frameworks.py's SUPPORTED).
+BACKENDS = ("tensorflow", "torch")
+
+
 def _check_recipe(value: dict, path: Path, ctx: Context) -> None:
     training = value["training"]
+    if value["backend"] not in (None, "tensorflow") and training["zero_stage"]:
+        ctx.error(("training", "zero_stage"), f"sharded optimizer state is TensorFlow-only for "
+                  f"now; set it to 0 for backend {value['backend']!r}")
     if given(ctx.doc.data, ("training", "epochs")) and training["steps"] is not None:
         epochs_set = _from_override(ctx.doc, ("training", "epochs"))
         steps_set = _from_override(ctx.doc, ("training", "steps"))
@@ -255,6 +262,9 @@ RECIPE = Map({
     "name": Field(Nullable(Str())),
     "description": Field(Str(non_empty=False), default=""),
     "seed": Field(Nullable(Int(0, 2 ** 31 - 1))),
+    "backend": Field(Nullable(Str(choices=BACKENDS)),
+                     help="the Keras backend every rank trains with (sets KERAS_BACKEND); "
+                          "null: Keras's own setting"),
     "model": Field(MODEL, required=True),
     "data": Field(DATA, default={}),
     "optimizer": Field(OPTIMIZER, default={}),

@@ -18,6 +18,7 @@ and the top-level package.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from typing import Any, Dict, Iterable, Optional, Sequence, Set, Union
 
 import keras
@@ -25,7 +26,7 @@ import tensorflow as tf
 
 from hvdkeras import compat
 from hvdkeras.collectives.common import fixed_collective_names
-from hvdkeras.engine import process_sets
+from hvdkeras.engine import frameworks, process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average
 from hvdkeras.sharding.sharded_optimizer import (load_sharded, save_sharded, sharded_class,
@@ -163,7 +164,19 @@ def _distributed_class(base: type) -> type:
 
 def is_distributed(optimizer: Any) -> bool:
     """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
+    other = _other_backend()
+    if other is not None:
+        return other.is_distributed(optimizer)
     return isinstance(optimizer, _DistributedOptimizerMixin)
+
+
+def _other_backend() -> Any:
+    """The optimizer module of a non-TensorFlow Keras backend, or None under TensorFlow."""
+    backend = frameworks.keras_backend()
+    if backend == frameworks.TENSORFLOW:
+        return None
+    frameworks.check_supported(backend)
+    return importlib.import_module(f"hvdkeras.backends.{backend}.optimizer")
 
 
 def check_model_optimizer_nesting(model: Any) -> None:
@@ -307,6 +320,16 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     ```
     """
+    other = _other_backend()
+    if other is not None:  # the same arguments, that backend's tensors
+        return other.DistributedOptimizer(
+            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients,
+            gradient_predivide_factor=gradient_predivide_factor, op=op, num_groups=num_groups,
+            groups=groups, device_dense=device_dense, device_sparse=device_sparse,
+            process_set=process_set, scale_local_gradients=scale_local_gradients,
+            zero_stage=zero_stage)
     if isinstance(optimizer, str):
         optimizer = keras.optimizers.get(optimizer)
     if not isinstance(optimizer, keras.optimizers.Optimizer):

@@ -22,7 +22,9 @@ def contribution(rank, shape=(2, 3), dtype=torch.float32):
 def test_backend_is_torch_and_names_dispatch():
     assert keras.backend.backend() == "torch"
     assert hvd.allreduce.__module__ == "hvdkeras.backends.torch.collectives"
-    assert hvd.DistributedOptimizer.__module__ == "hvdkeras.backends.torch.optimizer"
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD())
+    assert type(optimizer).__mro__[1].__module__ == "hvdkeras.backends.torch.optimizer"
+    assert hvd.is_distributed(optimizer)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
