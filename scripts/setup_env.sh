@@ -3,9 +3,9 @@
 # into it in editable mode with the test, spark, tensorboard, docs and gpu
 # extras (the gpu extra's
 # CUDA runtime, NVRTC and NCCL let the op library's GPU part load and compile
-# its kernels here, though this machine has no GPU), then the torch extra (the
-# PyTorch backend's tests) and the ray extra, whose failures only make those
-# tests skip with the reason. Safe to run
+# its kernels here, though this machine has no GPU), then the torch and jax
+# extras (the other Keras backends' tests) and the ray extra, whose failures
+# only make those tests skip with the reason. Safe to run
 # repeatedly: the install step is skipped while pyproject.toml and setup.py are
 # unchanged.
 set -euo pipefail
@@ -25,8 +25,10 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
   echo "setup_env: installing hvdkeras (editable, with the test, spark, tensorboard," \
        "docs and gpu extras)" >&2
   "$VENV/bin/python" -m pip install -e ".[test,spark,tensorboard,docs,gpu]" >&2
-  "$VENV/bin/python" -m pip install -e ".[torch]" >&2 \
-    || echo "setup_env: the torch extra could not be installed; the torch tests will skip" >&2
+  for backend in torch jax; do
+    "$VENV/bin/python" -m pip install -e ".[$backend]" >&2 \
+      || echo "setup_env: the $backend extra could not be installed; its tests will skip" >&2
+  done
   "$VENV/bin/python" -m pip install -e ".[ray]" >&2 \
     || echo "setup_env: the ray extra could not be installed; the Ray tests will skip" >&2
   echo "$WANTED" > "$STAMP"

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 from typing import Dict
 
-_TORCH_COLLECTIVES = "hvdkeras.backends.torch.collectives"
+_COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "reducescatter",
+                "barrier")
+_VARIABLES = {"broadcast_variables": "hvdkeras.backends.variables"}
 
 BACKEND_PUBLIC: Dict[str, Dict[str, str]] = {
     "torch": {
-        **dict.fromkeys(("allreduce", "grouped_allreduce", "broadcast", "broadcast_",
-                         "allgather", "reducescatter", "alltoall", "barrier"),
-                        _TORCH_COLLECTIVES),
-        "broadcast_variables": "hvdkeras.backends.variables",
+        **dict.fromkeys(_COLLECTIVES + ("broadcast_", "alltoall"),
+                        "hvdkeras.backends.torch.collectives"),
+        **_VARIABLES,
+    },
+    "jax": {
+        **dict.fromkeys(_COLLECTIVES, "hvdkeras.backends.jax.collectives"),
+        **_VARIABLES,
     },
 }
 

@@ -160,7 +160,7 @@ def _check_toolchain(inputs: dict, mpi_searched: list[str]) -> None:
         )
 
 
-def _run_tool(command: list[str], verbose: bool) -> None:
+def run_tool(command: list[str], verbose: bool) -> None:
     """Run one compiler/linker command; raise ``BuildError`` with its output on failure."""
     if verbose:
         print("hvdkeras: " + " ".join(command), file=sys.stderr, flush=True)
@@ -181,7 +181,7 @@ def _compile_all(commands: list[list[str]], verbose: bool) -> None:
     """Run the compile commands in parallel (at most one per CPU)."""
     workers = max(1, min(len(commands), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_run_tool, command, verbose) for command in commands]
+        futures = [pool.submit(run_tool, command, verbose) for command in commands]
         for future in futures:
             future.result()
 
@@ -202,9 +202,9 @@ def _compile_library(inputs: dict, source_dir: Path, workdir: Path, verbose: boo
     engine = [Path(c[-1]) for c in commands if not is_binding_source(Path(c[-3]), source_dir)]
     binding = [Path(c[-1]) for c in commands if is_binding_source(Path(c[-3]), source_dir)]
     engine_library = workdir / core_library_name(cache_key(inputs))
-    _run_tool(core_link_command(inputs, engine, engine_library), verbose)
+    run_tool(core_link_command(inputs, engine, engine_library), verbose)
     output = workdir / LIBRARY_NAME
-    _run_tool(link_command(inputs, binding, output), verbose)
+    run_tool(link_command(inputs, binding, output), verbose)
     shutil.rmtree(objdir)
     if generated is not None:
         shutil.rmtree(generated)
@@ -226,7 +226,7 @@ def _write_build_info(directory: Path, inputs: dict, key: str, seconds: float) -
 
 
 @contextlib.contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
+def exclusive_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if needed) for the block."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
@@ -287,7 +287,7 @@ def ensure_built(
     if library.is_file() and not force:
         return library
     _check_toolchain(inputs, mpi_library_info()["include_searched"])
-    with _exclusive_lock(library.parent.with_name(f"{key}.lock")):
+    with exclusive_lock(library.parent.with_name(f"{key}.lock")):
         if library.is_file() and not force:
             return library
         _build_into_cache(inputs, key, source_dir, verbose)

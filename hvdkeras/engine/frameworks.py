@@ -14,7 +14,7 @@ import sys
 TENSORFLOW = "tensorflow"
 JAX = "jax"
 TORCH = "torch"
-SUPPORTED = (TENSORFLOW, TORCH)
+SUPPORTED = (TENSORFLOW, JAX, TORCH)
 
 
 def keras_backend() -> str:
@@ -39,6 +39,8 @@ def set_thread_pools(backend: str, threads: int, warn: bool, spin: bool) -> None
 
         torch.set_num_threads(threads)
         return
+    if backend == JAX:
+        return  # XLA's CPU client sizes its pool when it starts; it takes no later setting
     from hvdkeras.engine import tf_threads  # lazy: keeps this module import-light
 
     tf_threads.apply(threads, warn, spin=spin)

@@ -227,7 +227,7 @@ class _Version(Int):
 
 
 # The Keras backends a recipe can name (hvdkeras/engine/frameworks.py's SUPPORTED).
-BACKENDS = ("tensorflow", "torch")
+BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def _check_recipe(value: dict, path: Path, ctx: Context) -> None:

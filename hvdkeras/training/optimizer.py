@@ -171,12 +171,12 @@ def is_distributed(optimizer: Any) -> bool:
 
 
 def _other_backend() -> Any:
-    """The optimizer module of a non-TensorFlow Keras backend, or None under TensorFlow."""
+    """The optimizer module of the other Keras backends, or None under TensorFlow."""
     backend = frameworks.keras_backend()
     if backend == frameworks.TENSORFLOW:
         return None
     frameworks.check_supported(backend)
-    return importlib.import_module(f"hvdkeras.backends.{backend}.optimizer")
+    return importlib.import_module("hvdkeras.backends.optimizer")
 
 
 def check_model_optimizer_nesting(model: Any) -> None:

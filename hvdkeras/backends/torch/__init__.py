@@ -1,6 +1,6 @@
 """The PyTorch backend: collectives as registered torch custom ops with
-autograd (`ops`), their public functions (`collectives`), and the
-`DistributedOptimizer` of Keras's torch trainer (`optimizer`).
+autograd (`ops`) and their public functions (`collectives`); Keras's torch
+trainer reaches them through `hvdkeras.backends.optimizer`.
 
 Tensors live in host memory: a CUDA tensor is refused with a clear error
 until the GPU path serves this binding.

@@ -169,13 +169,13 @@ def _(tensor, name, op, prescale, postscale, process_set_id):
 
 def _reducescatter_setup(ctx, inputs, output):
     _, name, op, prescale, postscale, process_set_id = inputs
-    ctx.settings = (name, op, process_set_id)
+    ctx.settings = (name, op, prescale * postscale, process_set_id)
 
 
 def _reducescatter_backward(ctx, grad):
     # Every input row feeds one rank's output row: gather the output gradients.
-    name, op, process_set_id = ctx.settings
-    gathered = allgather(grad.contiguous(), f"{name}_grad", process_set_id)
+    name, op, scale, process_set_id = ctx.settings
+    gathered = allgather(grad.contiguous(), f"{name}_grad", process_set_id) * scale
     if op == Average and collective_gradients() != "horovod":
         gathered = gathered / process_sets.set_size(process_set_id)
     return gathered, None, None, None, None, None

@@ -1,26 +1,28 @@
-"""`DistributedOptimizer` under Keras's torch backend.
+"""`DistributedOptimizer` under Keras's other backends (torch, jax).
 
-Keras's torch trainer hands the optimizer every gradient after
-`loss.backward()` (`optimizer.apply(grads, trainable_weights)`); the
-distributed optimizer reduces them there, one fused request per dtype (or
-per gradient group), before the user's optimizer unscales, clips, decays
-and updates. As under TensorFlow the optimizer is converted in place into a
+Both trainers end in `optimizer.apply(grads)`: torch's after
+`loss.backward()`, JAX's inside the jitted step (`stateless_apply` calls
+`apply`). The distributed optimizer reduces the gradients there with the
+backend's `grouped_allreduce`, one fused collective per dtype (or per
+gradient group), before the user's optimizer unscales, clips, decays and
+updates. As under TensorFlow the optimizer is converted in place into a
 subclass of its own class that keeps its name, so saved files record the
 plain optimizer.
 
-What may import this module: the facade's dispatch.
+What may import this module: `hvdkeras.training.optimizer` (which dispatches
+to it under these backends).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
+import importlib
+
 import keras
-import torch
 
 from hvdkeras import compat
-from hvdkeras.backends.torch.collectives import grouped_allreduce
-from hvdkeras.engine import process_sets
+from hvdkeras.engine import frameworks, process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average, Sum
 
@@ -49,7 +51,12 @@ class _TorchDistributedMixin:
                                               self._hvdkeras_local_ids), trainable_variables)
 
 
-def reduce_gradients(grads: List[Optional[torch.Tensor]], variables: Sequence[Any],
+def _grouped_allreduce():
+    backend = frameworks.keras_backend()
+    return importlib.import_module(f"hvdkeras.backends.{backend}.collectives").grouped_allreduce
+
+
+def reduce_gradients(grads: List[Any], variables: Sequence[Any],
                      settings: Dict[str, Any], local_ids: Set[int]) -> List[Any]:
     """The gradients averaged (or summed) over the process set; None stays None."""
     size = process_sets.view(settings["process_set"]).size
@@ -64,6 +71,7 @@ def reduce_gradients(grads: List[Optional[torch.Tensor]], variables: Sequence[An
     op, pre, post = settings["op"], 1.0, 1.0
     if op == Average and factor != 1.0:
         op, pre, post = Sum, 1.0 / factor, factor / size
+    grouped_allreduce = _grouped_allreduce()
     for index, group in enumerate(_groups(present, variables, settings)):
         reduced = grouped_allreduce([grads[k] for k in group], name=f"{settings['name']}.{index}",
                                     op=op, prescale_factor=pre, postscale_factor=post,
@@ -121,7 +129,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True,
                          zero_stage: int = 0) -> keras.optimizers.Optimizer:
-    """Makes a Keras 3 optimizer average gradients across all ranks (torch backend).
+    """Makes a Keras 3 optimizer average gradients across all ranks (torch, jax).
 
     The arguments are those of the TensorFlow backend's `DistributedOptimizer`;
     `zero_stage` and `backward_passes_per_step` > 1 are TensorFlow-only for now
@@ -163,11 +171,12 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     for argument, default in _UNSUPPORTED.items():
         if given[argument] != default:
             raise ValueError(f"DistributedOptimizer({argument}={given[argument]!r}) is not "
-                             "supported under the torch backend yet; leave it at "
+                             f"supported under the {frameworks.keras_backend()} backend yet; "
+                             "leave it at "
                              f"{default!r} or train with KERAS_BACKEND=tensorflow.")
     if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer under the torch backend takes op=hvdkeras."
-                         f"Average or Sum, got {op!r}.")
+        raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
+                         f"takes op=hvdkeras.Average or Sum, got {op!r}.")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set

@@ -1,0 +1,172 @@
+"""hvdkeras's collectives on JAX arrays, under Horovod's names and arguments
+(the same as the TensorFlow functions in `hvdkeras.collectives`), usable
+eagerly and inside `jax.jit`.
+
+What may import this module: the rest of `hvdkeras.backends`, the facade's dispatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from hvdkeras.backends import host
+from hvdkeras.backends.jax import ops
+from hvdkeras.engine import process_sets
+from hvdkeras.engine.process_sets import ProcessSet, global_process_set
+from hvdkeras.engine.types import Adasum, Average, Sum
+
+_WIRE_DTYPES = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
+
+
+def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
+    if op is not None and average is not None:
+        raise ValueError("Pass either op= or the older average=, not both.")
+    if average is not None:
+        return Average if average else Sum
+    op = Average if op is None else op
+    if op == Adasum:
+        raise ValueError("hvdkeras.Adasum is not available under the jax backend yet; use "
+                         "hvdkeras.Average or Sum.")
+    return op
+
+
+def _set_id(process_set: ProcessSet) -> int:
+    return process_sets.view(process_set).set_id
+
+
+def _compress(array, compression: Any):
+    wire = _WIRE_DTYPES.get(getattr(compression, "name", "none"))
+    if wire is not None and jnp.issubdtype(array.dtype, jnp.floating) and array.dtype != wire:
+        return array.astype(wire)
+    return array
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
+                      name: Optional[str] = None, op: Optional[int] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      compression: Any = None,
+                      process_set: ProcessSet = global_process_set) -> List[jax.Array]:
+    """Reduces a list of arrays over all ranks, one fused collective per dtype.
+
+    Args:
+        tensors: Arrays (any shapes; the same on every rank).
+        average: Deprecated spelling of `op` (True means Average).
+        name: The name every rank gives this call.
+        op: `hvdkeras.Average` (default), `Sum`, `Min`, `Max` or `Product`.
+        prescale_factor: Multiplies the inputs before the reduction.
+        postscale_factor: Multiplies the results after it.
+        compression: `hvdkeras.Compression.fp16` or `.bf16`.
+        process_set: The ranks taking part (default all).
+
+    Returns:
+        The reduced arrays, in order.
+
+    Example:
+
+    ```python
+    total_a, total_b = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+    ```
+    """
+    op = _resolve_op(op, average)
+    originals = [jnp.asarray(t) for t in tensors]
+    base = ops.unique_name(name or "HvdkerasGroupedAllreduce", originals)
+    wires = [_compress(t, compression) for t in originals]
+    results: List[Any] = [None] * len(wires)
+    groups: dict = {}
+    for index, t in enumerate(wires):
+        groups.setdefault(jnp.dtype(t.dtype).name, []).append(index)
+    for dtype, chosen in groups.items():
+        host.dtype_number(dtype, "allreduce", reducing=True)
+        reduced = ops.allreduce([wires[i] for i in chosen],
+                                base if len(groups) == 1 else f"{base}.{dtype}", op,
+                                float(prescale_factor), float(postscale_factor),
+                                _set_id(process_set))
+        for i, value in zip(chosen, reduced):
+            results[i] = value.astype(originals[i].dtype)
+    return results
+
+
+def allreduce(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: Any = None, op: Optional[int] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> jax.Array:
+    """Reduces one array over all ranks; every rank gets the result.
+
+    Example:
+
+    ```python
+    mean = hvd.allreduce(jnp.array([1.0, 2.0]))
+    ```
+    """
+    return grouped_allreduce([tensor], average, name or "HvdkerasAllreduce", op,
+                             prescale_factor, postscale_factor, compression, process_set)[0]
+
+
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> jax.Array:
+    """`root_rank`'s array on every rank.
+
+    Example:
+
+    ```python
+    params = hvd.broadcast(params, root_rank=0)
+    ```
+    """
+    array = jnp.asarray(tensor)
+    host.dtype_number(jnp.dtype(array.dtype).name, "broadcast", reducing=False)
+    view = process_sets.view(process_set)
+    root = view.set_rank_of(int(root_rank), "root_rank")
+    return ops.broadcast([array], ops.unique_name(name or "HvdkerasBroadcast", [array]), root,
+                         view.set_id)[0]
+
+
+def allgather(tensor: Any, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> jax.Array:
+    """Every rank's array, concatenated along the first dimension (the same rows on
+    every rank inside `jit`; outside, rows may differ: they are gathered on the host).
+
+    Example:
+
+    ```python
+    everyone = hvd.allgather(jnp.array([hvd.rank()]))
+    ```
+    """
+    array = jnp.atleast_1d(jnp.asarray(tensor))
+    if not ops._tracing([array]):
+        return _allgather_any_rows(array, name or "HvdkerasAllgather", process_set)
+    return ops.allgather(array, ops.unique_name(name or "HvdkerasAllgather", [array]),
+                         _set_id(process_set))
+
+
+def _allgather_any_rows(array, name: str, process_set: ProcessSet) -> jax.Array:
+    from hvdkeras.backends import arrays  # lazy: the host path, outside jit only
+
+    return jnp.asarray(arrays.allgather(jax.device_get(array), name, process_set))
+
+
+def reducescatter(tensor: Any, name: Optional[str] = None, op: int = Average,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: ProcessSet = global_process_set) -> jax.Array:
+    """Reduces, then each rank keeps its rows of the first dimension (the first
+    rows % size ranks one more).
+
+    Example:
+
+    ```python
+    mine = hvd.reducescatter(jnp.ones((4, 3)), op=hvd.Sum)
+    ```
+    """
+    if op not in (Average, Sum):
+        raise ValueError(f"hvdkeras.reducescatter takes hvdkeras.Sum or Average, got {op!r}.")
+    array = jnp.asarray(tensor)
+    return ops.reducescatter(array, ops.unique_name(name or "HvdkerasReducescatter", [array]),
+                             op, float(prescale_factor), float(postscale_factor),
+                             _set_id(process_set))
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Returns once every rank of the set has reached it."""
+    host.barrier(set_id=_set_id(process_set))

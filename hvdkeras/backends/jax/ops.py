@@ -1,0 +1,197 @@
+"""hvdkeras's collectives on JAX arrays: one FFI target, differentiable.
+
+Each call is `jax.ffi.ffi_call` of the `hvdkeras_collective` target with
+side effects (XLA keeps it even where a rank does not use the result); the
+handler queues it and returns a future (Note [asynchronous jax
+collectives] in ops/jax/ffi_collectives.cc). Gradients follow Note
+[collective gradient conventions] in `hvdkeras/collectives/gradients.py`.
+
+Names: outside `jit` a call waits for its result, so default names may
+repeat. Inside `jit` the collectives of one step may be in flight together,
+so each default name gets the number of collectives traced before it in this
+process; every rank traces the same steps in the same order, so the numbers
+agree. Code whose ranks trace different functions passes `name=`.
+
+What may import this module: the rest of `hvdkeras.backends.jax`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+import threading
+from typing import List, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hvdkeras.backends import host
+from hvdkeras.engine import binding_build, library, process_sets, requests
+from hvdkeras.engine.config import collective_gradients
+from hvdkeras.engine.types import Average, Sum
+
+TARGET = "hvdkeras_collective"
+_lock = threading.Lock()
+_registered = False
+_traced = itertools.count()
+
+
+def _register() -> None:
+    """Compiles (once) and loads the binding, and registers its FFI target."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        import jaxlib  # lazy: its version names the compiled binding
+
+        library.engine_handle()  # the engine first: the binding links against it
+        path = binding_build.ensure_binding("jax", jaxlib.__version__, jax.ffi.include_dir())
+        binding = ctypes.CDLL(str(path))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(binding.HvdkerasJaxCollective),
+                                    platform="cpu")
+        _registered = True
+
+
+def _tracing(values: Sequence) -> bool:
+    return any(isinstance(v, jax.core.Tracer) for v in values)
+
+
+def unique_name(name: str, values: Sequence) -> str:
+    """`name`, numbered inside a trace (see the module's note on names)."""
+    return f"{name}.{next(_traced)}" if _tracing(values) else name
+
+
+def _dtype(array, what: str, reducing: bool) -> int:
+    return host.dtype_number(jnp.dtype(array.dtype).name, what, reducing)
+
+
+def _call(kind: int, name: str, inputs: List, outputs: List[jax.ShapeDtypeStruct], dtype: int,
+          op: int = Average, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
+          set_id: int = 0) -> List:
+    _register()
+    call = jax.ffi.ffi_call(TARGET, outputs, has_side_effect=True, vmap_method="sequential")
+    results = call(*inputs, name=name, kind=np.int32(kind), dtype=np.int32(dtype),
+                   reduce_op=np.int32(op), prescale=np.float64(prescale),
+                   postscale=np.float64(postscale), root=np.int32(root),
+                   process_set=np.int32(set_id))
+    if not _tracing(inputs):
+        jax.block_until_ready(results)  # eager calls finish before the next may reuse the name
+    return list(results)
+
+
+def _like(arrays: Sequence) -> List[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def allreduce(arrays, name: str, op: int, prescale: float, postscale: float, set_id: int):
+    """Reduces arrays of one dtype in one fused collective."""
+    arrays = list(arrays)
+    if not arrays:
+        return []
+    return _call(requests.ALLREDUCE, name, arrays, _like(arrays),
+                 _dtype(arrays[0], "allreduce", True), op, prescale, postscale, set_id=set_id)
+
+
+def _allreduce_fwd(arrays, name, op, prescale, postscale, set_id):
+    return allreduce(arrays, name, op, prescale, postscale, set_id), None
+
+
+def _allreduce_bwd(name, op, prescale, postscale, set_id, _, cotangents):
+    if op not in (Sum, Average):
+        raise ValueError("hvdkeras.allreduce has a gradient for Sum and Average only.")
+    return (allreduce(list(cotangents), f"{name}_grad", op, postscale, prescale, set_id),)
+
+
+allreduce.defvjp(_allreduce_fwd, _allreduce_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def broadcast(arrays, name: str, root: int, set_id: int):
+    """`root`'s arrays (one dtype) on every rank of the set (`root` is a set rank)."""
+    arrays = list(arrays)
+    if not arrays:
+        return []
+    return _call(requests.BROADCAST, name, arrays, _like(arrays),
+                 _dtype(arrays[0], "broadcast", False), root=root, set_id=set_id)
+
+
+def _broadcast_fwd(arrays, name, root, set_id):
+    return broadcast(arrays, name, root, set_id), None
+
+
+def _exact_or_horovod() -> int:
+    return Average if collective_gradients() == "horovod" else Sum
+
+
+def _broadcast_bwd(name, root, set_id, _, cotangents):
+    reduced = allreduce(list(cotangents), f"{name}_grad", _exact_or_horovod(), 1.0, 1.0, set_id)
+    if process_sets.view_by_id(set_id).set_rank != root:
+        reduced = [jnp.zeros_like(g) for g in reduced]
+    return (reduced,)
+
+
+broadcast.defvjp(_broadcast_fwd, _broadcast_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def allgather(array, name: str, set_id: int):
+    """Every rank's array along the first dimension (equal rows on every rank inside
+    `jit`, whose output shape is fixed when it compiles)."""
+    size = process_sets.view_by_id(set_id).size
+    shape = (array.shape[0] * size, *array.shape[1:])
+    return _call(requests.ALLGATHER, name, [array], [jax.ShapeDtypeStruct(shape, array.dtype)],
+                 _dtype(array, "allgather", False), set_id=set_id)[0]
+
+
+def _allgather_fwd(array, name, set_id):
+    return allgather(array, name, set_id), array.shape[0]
+
+
+def _allgather_bwd(name, set_id, rows, cotangent):
+    reduced = allreduce([cotangent], f"{name}_grad", _exact_or_horovod(), 1.0, 1.0, set_id)[0]
+    start = process_sets.view_by_id(set_id).set_rank * rows
+    return (jax.lax.dynamic_slice_in_dim(reduced, start, rows),)
+
+
+allgather.defvjp(_allgather_fwd, _allgather_bwd)
+
+
+def scattered_rows(rows: int, size: int, rank: int) -> int:
+    """Rows of a reducescatter result on `rank` (the first rows % size get one more)."""
+    return rows // size + (1 if rank < rows % size else 0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def reducescatter(array, name: str, op: int, prescale: float, postscale: float, set_id: int):
+    """Reduces, then each rank keeps its rows of the first dimension."""
+    view = process_sets.view_by_id(set_id)
+    rows = scattered_rows(array.shape[0], view.size, view.set_rank)
+    return _call(requests.REDUCESCATTER, name, [array],
+                 [jax.ShapeDtypeStruct((rows, *array.shape[1:]), array.dtype)],
+                 _dtype(array, "reducescatter", True), op, prescale, postscale,
+                 set_id=set_id)[0]
+
+
+def _reducescatter_fwd(array, name, op, prescale, postscale, set_id):
+    return reducescatter(array, name, op, prescale, postscale, set_id), array.shape[0]
+
+
+def _reducescatter_bwd(name, op, prescale, postscale, set_id, rows, cotangent):
+    view = process_sets.view_by_id(set_id)
+    counts = [scattered_rows(rows, view.size, r) for r in range(view.size)]
+    # Pad to equal rows so the gather's shape is fixed, then drop the padding.
+    widest = max(counts)
+    padded = jnp.pad(cotangent, [(0, widest - cotangent.shape[0])] +
+                     [(0, 0)] * (cotangent.ndim - 1))
+    gathered = allgather(padded, f"{name}_grad", set_id)
+    pieces = [gathered[r * widest:r * widest + counts[r]] for r in range(view.size)]
+    grad = jnp.concatenate(pieces) * (prescale * postscale)
+    if op == Average and collective_gradients() != "horovod":
+        grad = grad / view.size
+    return (grad,)
+
+
+reducescatter.defvjp(_reducescatter_fwd, _reducescatter_bwd)

@@ -1,0 +1,134 @@
+"""The collectives on the backend's own tensors (torch tensors, JAX arrays),
+exact per rank: every rank contributes values derived from its rank, and
+each expected result is computed here from what each rank sent. The same
+file runs under KERAS_BACKEND=torch and =jax.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import hvdkeras as hvd
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8"]
+
+
+def tensor(values, dtype=None):
+    return keras.ops.convert_to_tensor(np.asarray(values), dtype=dtype)
+
+
+def numpy(value):
+    return np.asarray(keras.ops.convert_to_numpy(value)).astype(np.float64)
+
+
+def contribution(rank, shape=(2, 3)):
+    return np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) + 2 * rank + 1
+
+
+def test_names_dispatch_to_the_backend():
+    backend = keras.backend.backend()
+    assert backend in ("torch", "jax")
+    assert hvd.allreduce.__module__ == f"hvdkeras.backends.{backend}.collectives"
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD())
+    assert type(optimizer).__mro__[1].__module__ == "hvdkeras.backends.optimizer"
+    assert hvd.is_distributed(optimizer)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["Sum", "Average", "Min", "Max"])
+def test_allreduce_every_op_and_dtype(dtype, op):
+    n, r = hvd.size(), hvd.rank()
+    sent = [contribution(k) for k in range(n)]
+    got = hvd.allreduce(tensor(sent[r], dtype), op=getattr(hvd, op), name=f"ar.{op}.{dtype}")
+    stacked = np.stack(sent)
+    expected = {"Sum": stacked.sum(0), "Min": stacked.min(0), "Max": stacked.max(0),
+                "Average": stacked.sum(0) / n}[op]
+    if op == "Average" and dtype.startswith(("int", "uint")):
+        expected = np.trunc(expected)
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    assert numpy(got).shape == (2, 3)
+    # The expected value in the dtype's own arithmetic (wrapping, rounding).
+    want = numpy(tensor(expected, "float64" if dtype.startswith("float") else "int64"))
+    want = numpy(tensor(want, dtype))
+    np.testing.assert_array_equal(numpy(got), want)
+
+
+def test_product_prescale_postscale():
+    n, r = hvd.size(), hvd.rank()
+    got = numpy(hvd.allreduce(tensor([2.0, 1.0 + r], "float32"), op=hvd.Product))
+    assert got.tolist() == [2.0 ** n, float(np.prod([1.0 + k for k in range(n)]))]
+    scaled = hvd.allreduce(tensor([1.0, 2.0], "float32") * (r + 1), op=hvd.Sum,
+                           prescale_factor=0.5, postscale_factor=3.0)
+    total = sum(k + 1 for k in range(n))
+    assert numpy(scaled).tolist() == [1.5 * total, 3.0 * total]
+
+
+def test_grouped_allreduce_mixed_dtypes_and_compression():
+    n, r = hvd.size(), hvd.rank()
+    inputs = [tensor(np.full((3,), float(r)), "float32"),
+              tensor(np.full((2, 2), r + 1), "int64"),
+              tensor(np.full((1,), float(r)), "float64")]
+    got = hvd.grouped_allreduce(inputs, op=hvd.Sum)
+    s = sum(range(n))
+    assert [keras.backend.standardize_dtype(g.dtype) for g in got] == [
+        "float32", "int64", "float64"]
+    assert numpy(got[0]).tolist() == [float(s)] * 3
+    assert numpy(got[1]).tolist() == [[s + n] * 2] * 2
+    assert numpy(got[2]).tolist() == [float(s)]
+    half = hvd.allreduce(tensor([0.5 + r], "float32"), op=hvd.Sum,
+                         compression=hvd.Compression.fp16)
+    assert keras.backend.standardize_dtype(half.dtype) == "float32"
+    assert numpy(half).tolist() == [0.5 * n + s]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "bool"])
+def test_broadcast_from_each_root(dtype):
+    n, r = hvd.size(), hvd.rank()
+    for root in range(n):
+        def values(k):
+            data = contribution(k)
+            return data > 3 + k if dtype == "bool" else data
+        got = hvd.broadcast(tensor(values(r), dtype), root_rank=root, name=f"bc.{root}.{dtype}")
+        np.testing.assert_array_equal(numpy(got), numpy(tensor(values(root), dtype)))
+
+
+def test_allgather_rows_differ_per_rank():
+    n, r = hvd.size(), hvd.rank()
+    got = hvd.allgather(tensor(np.full((r + 1, 2), r), "int32"))
+    expected = np.concatenate([np.full((k + 1, 2), k) for k in range(n)])
+    np.testing.assert_array_equal(numpy(got), expected)
+    assert numpy(hvd.allgather(tensor(float(r), "float32"))).tolist() == [
+        float(k) for k in range(n)]
+
+
+def test_reducescatter_uneven_rows():
+    n, r = hvd.size(), hvd.rank()
+    rows = 2 * n + 1
+    base = np.arange(rows * 2, dtype=np.float64).reshape(rows, 2)
+    got = hvd.reducescatter(tensor(base * (r + 1), "float32"), op=hvd.Sum)
+    total = base * sum(k + 1 for k in range(n))
+    counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    start = sum(counts[:r])
+    np.testing.assert_array_equal(numpy(got), total[start:start + counts[r]])
+
+
+def test_variables_broadcast_from_the_root():
+    r = hvd.rank()
+    variables = [keras.Variable(np.full((2, 2), float(r)), dtype="float32"),
+                 keras.Variable(r + 5, dtype="int32", trainable=False),
+                 keras.Variable(np.full((3,), float(r)), dtype="bfloat16")]
+    hvd.broadcast_variables(variables, root_rank=hvd.size() - 1)
+    last = hvd.size() - 1
+    assert numpy(variables[0].value).tolist() == [[float(last)] * 2] * 2
+    assert numpy(variables[1].value).tolist() == last + 5
+    assert numpy(variables[2].value).tolist() == [float(last)] * 3
+
+
+def test_bad_input_is_named_on_every_rank():
+    with pytest.raises(TypeError, match="complex64"):
+        hvd.allreduce(tensor(np.zeros(2, dtype=np.complex64)))
+    with pytest.raises(ValueError, match="Adasum"):
+        hvd.allreduce(tensor([1.0], "float32"), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="root_rank"):
+        hvd.broadcast(tensor([1.0], "float32"), root_rank=hvd.size())
+    hvd.barrier()  # every rank is here after its refusals: nothing was left in flight

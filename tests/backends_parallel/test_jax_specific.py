@@ -1,0 +1,78 @@
+"""What only the JAX binding does: collectives inside `jax.jit` (the FFI
+custom call), gradients through `jax.custom_vjp`, shapes fixed at compile
+time. Exact per rank."""
+
+import keras
+import numpy as np
+import pytest
+
+import hvdkeras as hvd
+
+if keras.backend.backend() != "jax":
+    pytest.skip("JAX backend only", allow_module_level=True)
+
+import jax  # noqa: E402  (after the skip: absent under the other backends)
+import jax.numpy as jnp  # noqa: E402
+
+
+def test_collectives_inside_jit():
+    n, r = hvd.size(), hvd.rank()
+
+    @jax.jit
+    def step(x):
+        total = hvd.allreduce(x * 2, op=hvd.Sum)
+        mean = hvd.allreduce(x + 1)
+        gathered = hvd.allgather(x)
+        mine = hvd.reducescatter(jnp.tile(x[:1], (n + 1,)), op=hvd.Sum)
+        root = hvd.broadcast(x, root_rank=n - 1)
+        return total, mean, gathered, mine, root
+
+    total, mean, gathered, mine, root = step(jnp.full((2,), float(r)))
+    s = float(sum(range(n)))
+    assert np.asarray(total).tolist() == [2 * s] * 2
+    assert np.asarray(mean).tolist() == [s / n + 1] * 2
+    assert np.asarray(gathered).tolist() == [float(k) for k in range(n) for _ in range(2)]
+    rows = (n + 1) // n + (1 if r < (n + 1) % n else 0)
+    assert np.asarray(mine).tolist() == [s] * rows
+    assert np.asarray(root).tolist() == [float(n - 1)] * 2
+    # Run again: the compiled step reuses its names, one step after another.
+    assert np.asarray(step(jnp.full((2,), float(r)))[0]).tolist() == [2 * s] * 2
+
+
+def test_gradients_through_custom_vjp_eagerly_and_jitted():
+    n, r = hvd.size(), hvd.rank()
+    total = sum(k + 1 for k in range(n))
+
+    def loss(y):
+        return (hvd.allreduce(y * (r + 1), op=hvd.Sum) * (r + 1)).sum()
+
+    for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+        assert np.asarray(grad(jnp.array([1.0, 2.0]))).tolist() == [total * (r + 1)] * 2
+
+    def through_broadcast(y):
+        return (hvd.broadcast(y, root_rank=0) * (r + 1)).sum()
+
+    g = jax.jit(jax.grad(through_broadcast))(jnp.array([3.0]))
+    assert np.asarray(g).tolist() == ([float(total)] if r == 0 else [0.0])
+
+    def through_allgather(y):
+        gathered = hvd.allgather(y)
+        return (gathered * jnp.arange(gathered.shape[0], dtype=gathered.dtype)).sum()
+
+    g = jax.jit(jax.grad(through_allgather))(jnp.ones(2))
+    assert np.asarray(g).tolist() == [float(n * (2 * r + i)) for i in range(2)]
+
+    def through_reducescatter(y):
+        return (hvd.reducescatter(y, op=hvd.Sum) * (r + 1)).sum()
+
+    g = jax.jit(jax.grad(through_reducescatter))(jnp.ones((n + 1,)))
+    owners = [k for k in range(n) for _ in range((n + 1) // n + (1 if k < (n + 1) % n else 0))]
+    assert np.asarray(g).tolist() == [float(k + 1) for k in owners]
+
+
+def test_uneven_rows_inside_jit_fail_on_every_rank_with_the_reason():
+    r = hvd.rank()
+    with pytest.raises(Exception, match="same rows"):
+        jax.jit(lambda x: hvd.allgather(x))(jnp.ones((1 + r % 2, 2)) if hvd.size() > 1
+                                             else jnp.ones((3, 2))[:0].reshape(-1, 5))
+    hvd.barrier()
