@@ -16,7 +16,9 @@ For each backend and model it runs, one after another on this machine:
 It prints median step times and two ratios: efficiency (independent / data
 parallel, 1.0 = communication free) for hvdkeras and for the native one, and
 what hvdkeras adds to a step above two independent Keras processes, in ms.
-Each rank has one core of its own only on a machine with at least two.
+Every two-process run gives each process cores/2 threads (hvdkeras does so
+for its ranks by itself), so no baseline measures oversubscription. Each
+rank has one core of its own only on a machine with at least two.
 """
 
 from __future__ import annotations
@@ -92,7 +94,27 @@ def timed(step, warmup: int, steps: int) -> List[float]:
     return times
 
 
+def limit_threads() -> None:
+    """Each of P processes on this host gets cores/P threads (BENCH_THREADS), as
+    hvdkeras gives its ranks: otherwise two independent processes oversubscribe
+    the cores and the baseline measures contention, not computation."""
+    threads = int(os.environ.get("BENCH_THREADS", "0"))
+    if not threads:
+        return
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
 def keras_worker(args: argparse.Namespace, distributed: bool) -> Dict:
+    limit_threads()
     import keras
 
     hvd = None
@@ -126,6 +148,7 @@ def ddp_worker(args: argparse.Namespace, distributed: bool) -> Dict:
     import torch
     import torch.distributed as dist
 
+    limit_threads()
     if distributed:
         dist.init_process_group("gloo")
     model, shape, classes = build_model(args.model, args.image_size)
@@ -224,6 +247,12 @@ def measure(args: argparse.Namespace, backend: str, model: str, worker: str,
             processes: int, launcher: str) -> Optional[float]:
     """Median step seconds of rank 0 (or of the first independent process)."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    threads = max(1, (os.cpu_count() or 1) // processes)
+    if processes > 1:  # see limit_threads; JAX's XLA reads its pool size from XLA_FLAGS
+        env["BENCH_THREADS"] = str(threads)
+        if threads == 1:
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                                "intra_op_parallelism_threads=1").strip()
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"r{k}.json") for k in range(processes)]
         if launcher == "hvdkerasrun":

@@ -10,14 +10,16 @@ bash scripts/setup_env.sh >/dev/null
 if [[ "${1:-}" == "--quick" ]]; then
   # The contributor loop (README, "Contributing"): the tests that launch no
   # job and compile nothing, then one 2-rank smoke job per area, each under a
-  # timeout: the collectives, Keras training (stage 0 and sharded state), a
-  # recipe through `hvdkeras train`. Under 3 minutes once the environment and
+  # timeout: the collectives (and those of the torch and jax backends), Keras
+  # training (stage 0 and sharded state), a recipe through `hvdkeras train`. Under 3 minutes once the environment and
   # the op library exist. CI runs everything (no argument).
   shift
   "$VENV/bin/python" -m pytest tests -q -m "not slow" -p no:cacheprovider "$@"
   HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
     "$VENV/bin/python" -m pytest -q -x -p no:cacheprovider tests/parallel/test_allreduce.py \
     tests/parallel/test_broadcast.py tests/parallel/test_gather_scatter.py
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+    -k "test_backend_parallel_file and test_backend_collectives and 2" tests/test_backends.py
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
     "tests/test_keras_mpi.py::test_keras_parallel_file[test_equivalence]" \
     "tests/test_keras_mpi.py::test_keras_parallel_file[test_zero_training]" \
@@ -35,12 +37,30 @@ status=0
 # --durations: the slowest tests are listed in every run's log, so the cost
 # of the budget below is visible where it is spent.
 HVDKERAS_REQUIRE_CUDA_BUILD="${HVDKERAS_REQUIRE_CUDA_BUILD:-1}" \
-  "$VENV/bin/python" -m pytest tests -q --durations=30 "$@" || status=$?
+  "$VENV/bin/python" -m pytest tests -q --durations=30 --ignore=tests/test_backends.py "$@" \
+  || status=$?
 if [[ $status -eq 5 ]]; then
   echo "test.sh: pytest collected no tests; treating that as a failure" >&2
 fi
 
-# Second leg: every other TensorFlow minor version hvdkeras supports, each in
+# Second leg: the other Keras backends (tests/test_backends.py: torch and jax at
+# 2 and 3 ranks, the quickstart and a recipe under each; about 4 minutes
+# here), after a passing main suite given no pytest arguments, when the time
+# used so far leaves room in the CI budget. HVDKERAS_BACKENDS_LEG=1 forces
+# it, =0 skips it; HVDKERAS_BACKENDS_LEG_SECONDS is its allowance (360).
+legb="${HVDKERAS_BACKENDS_LEG:-auto}"
+if [[ $status -eq 0 && "$legb" != "0" ]]; then
+  budget="${HVDKERAS_CI_BUDGET_SECONDS:-2700}"
+  allowance="${HVDKERAS_BACKENDS_LEG_SECONDS:-360}"
+  if [[ "$legb" == "1" ]] || [[ $# -eq 0 && $((SECONDS + allowance)) -le $budget ]]; then
+    "$VENV/bin/python" -m pytest tests/test_backends.py -q -rs || status=$?
+  else
+    echo "test.sh: skipping the backends leg (pytest arguments given, or ${SECONDS}s used +" \
+         "${allowance}s would pass the ${budget}s budget); HVDKERAS_BACKENDS_LEG=1 forces it" >&2
+  fi
+fi
+
+# Third leg: every other TensorFlow minor version hvdkeras supports, each in
 # its own environment, with the CPU-only op library (scripts/test_tf_versions.sh: it builds, the
 # collectives on 2 ranks, a model.fit equivalence, and on 2.17.1 the Parquet
 # recipe through tensorflow-io). It runs after a passing main suite that was

@@ -29,7 +29,8 @@ TIMEOUT = 240
 HVDKERASRUN = Path(sys.executable).parent / "hvdkerasrun"
 BACKENDS = ["torch", "jax"]
 
-pytestmark = pytest.mark.usefixtures("op_library_built")
+# Slow: jobs of real ranks. scripts/test.sh runs this file as its own CI leg.
+pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow]
 
 
 def backend_env(backend: str) -> dict:

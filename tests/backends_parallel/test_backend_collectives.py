@@ -124,6 +124,17 @@ def test_variables_broadcast_from_the_root():
     assert numpy(variables[2].value).tolist() == [float(last)] * 3
 
 
+def test_a_process_set_reduces_over_its_ranks_only():
+    n, r = hvd.size(), hvd.rank()
+    pair = hvd.add_process_set([0, n - 1])
+    try:
+        if r in (0, n - 1):
+            got = hvd.allreduce(tensor([float(r + 1)], "float32"), op=hvd.Sum, process_set=pair)
+            assert numpy(got).tolist() == [float(1 + n)]
+    finally:
+        hvd.remove_process_set(pair)
+
+
 def test_bad_input_is_named_on_every_rank():
     with pytest.raises(TypeError, match="complex64"):
         hvd.allreduce(tensor(np.zeros(2, dtype=np.complex64)))

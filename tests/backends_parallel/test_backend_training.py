@@ -45,14 +45,14 @@ def reference(optimizer, epochs=2):
     return model
 
 
-def distributed(optimizer, epochs=2, callbacks=()):
+def distributed(optimizer, epochs=2, callbacks=(), **settings):
     n, r = hvd.size(), hvd.rank()
     if GLOBAL_BATCH % n:
         pytest.skip(f"{GLOBAL_BATCH} does not split over {n} ranks")
     x, y = data()
     mine = my_slice(n, r)
     model = make_model(seed=7 + 1000 * r)  # ranks start apart: the broadcast must fix it
-    model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss="mse")
+    model.compile(optimizer=hvd.DistributedOptimizer(optimizer, **settings), loss="mse")
     history = model.fit(x[mine], y[mine], batch_size=GLOBAL_BATCH // n, epochs=epochs,
                         shuffle=False, verbose=0,
                         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), *callbacks])
@@ -72,6 +72,14 @@ def test_fit_equals_one_process_on_the_global_batch(make_optimizer):
     for got, want in zip(model.optimizer.variables, expected.optimizer.variables):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(got),
                                    keras.ops.convert_to_numpy(want), rtol=2e-5, atol=2e-6)
+
+
+def test_gradient_groups_and_predivision_change_nothing():
+    model, _ = distributed(keras.optimizers.Adam(0.01), num_groups=2,
+                           gradient_predivide_factor=2.0)
+    expected = reference(keras.optimizers.Adam(0.01))
+    for got, want in zip(weights(model), weights(expected)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
 def test_every_rank_ends_with_the_same_weights_and_averaged_metrics():
