@@ -23,7 +23,7 @@ from hvdkeras.recipes.schema import RECIPE
 REPO = Path(__file__).resolve().parent.parent
 MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict"]
 TIMEOUT = 300
-PAGES = ["index", "keras-training", "memory-scaling", "using-it", "recipes", "recipe-schema", "launching", "gpus",
+PAGES = ["index", "keras-training", "memory-scaling", "backends", "using-it", "recipes", "recipe-schema", "launching", "gpus",
          "fault-tolerance", "performance", "coming-from-horovod", "how-it-works",
          "architecture", "testing", "reference"]
 

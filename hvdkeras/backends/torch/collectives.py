@@ -9,7 +9,7 @@ What may import this module: the rest of `hvdkeras.backends.torch`, the facade's
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -172,7 +172,7 @@ def reducescatter(tensor: Any, name: Optional[str] = None, op: int = Average,
 
 
 def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
-             process_set: ProcessSet = global_process_set):
+             process_set: ProcessSet = global_process_set) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sends `splits[r]` rows to rank r (equal parts by default).
 
     Returns:
