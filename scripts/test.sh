@@ -11,8 +11,9 @@ if [[ "${1:-}" == "--quick" ]]; then
   # The contributor loop (README, "Contributing"): the tests that launch no
   # job and compile nothing, then one 2-rank smoke job per area, each under a
   # timeout: the collectives (and those of the torch backend), Keras
-  # training (stage 0 and sharded state), a recipe through `hvdkeras train`. Under 3 minutes once the environment and
-  # the op library exist. CI runs everything (no argument).
+  # training (stage 0 and sharded state), a recipe through `hvdkeras train`.
+  # Under 3 minutes once the environment and the op library exist. CI runs
+  # everything (no argument).
   shift
   "$VENV/bin/python" -m pytest tests -q -m "not slow" -p no:cacheprovider "$@"
   HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
