@@ -99,7 +99,8 @@ def _broadcast_backward(ctx, grads):
     name, root_rank, process_set_id = ctx.settings
     op = Average if collective_gradients() == "horovod" else Sum
     reduced = allreduce(list(grads), f"{name}_grad", op, 1.0, 1.0, process_set_id)
-    if process_sets.view_by_id(process_set_id).set_rank != root_rank:
+    view = process_sets.view_by_id(process_set_id)
+    if view.ranks[view.set_rank] != root_rank:  # root_rank is a global rank
         reduced = [torch.zeros_like(g) for g in reduced]
     return reduced, None, None, None
 
