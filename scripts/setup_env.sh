@@ -25,10 +25,15 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
   echo "setup_env: installing hvdkeras (editable, with the test, spark, tensorboard," \
        "docs and gpu extras)" >&2
   "$VENV/bin/python" -m pip install -e ".[test,spark,tensorboard,docs,gpu]" >&2
-  for backend in torch jax; do
-    "$VENV/bin/python" -m pip install -e ".[$backend]" >&2 \
-      || echo "setup_env: the $backend extra could not be installed; its tests will skip" >&2
-  done
+  # PyTorch's CPU build only: its default build from PyPI brings CUDA 13 wheels
+  # whose nvidia/nccl replaces the NCCL that the op library's GPU part compiles
+  # against. HVDKERAS_TORCH_SPEC names another CPU build (found through pip's
+  # configured indexes and wheel directories); without one the torch tests skip.
+  "$VENV/bin/python" -m pip install "${HVDKERAS_TORCH_SPEC:-torch==2.13.0+cpu}" >&2 \
+    && "$VENV/bin/python" -m pip install -e ".[torch]" >&2 \
+    || echo "setup_env: no CPU build of torch could be installed; the torch tests will skip" >&2
+  "$VENV/bin/python" -m pip install -e ".[jax]" >&2 \
+    || echo "setup_env: the jax extra could not be installed; the jax tests will skip" >&2
   "$VENV/bin/python" -m pip install -e ".[ray]" >&2 \
     || echo "setup_env: the ray extra could not be installed; the Ray tests will skip" >&2
   echo "$WANTED" > "$STAMP"
