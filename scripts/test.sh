@@ -19,9 +19,7 @@ if [[ "${1:-}" == "--quick" ]]; then
   HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
     "$VENV/bin/python" -m pytest -q -x -p no:cacheprovider tests/parallel/test_allreduce.py \
     tests/parallel/test_broadcast.py tests/parallel/test_gather_scatter.py
-  "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    -k "test_backend_parallel_file and torch and test_backend_collectives and 2" \
-    tests/test_backends.py
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider -k torch tests/test_backends_smoke.py
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
     "tests/test_keras_mpi.py::test_keras_parallel_file[test_equivalence]" \
     "tests/test_keras_mpi.py::test_keras_parallel_file[test_zero_training]" \
@@ -47,7 +45,8 @@ fi
 
 # Second leg: the other Keras backends (tests/test_backends.py: torch and jax at
 # 2 and 3 ranks, the quickstart and a recipe under each; about 4 minutes
-# here), after a passing main suite given no pytest arguments, when the time
+# here; the main suite runs their collectives on 2 ranks,
+# tests/test_backends_smoke.py), after a passing main suite given no pytest arguments, when the time
 # used so far leaves room in the CI budget. HVDKERAS_BACKENDS_LEG=1 forces
 # it, =0 skips it; HVDKERAS_BACKENDS_LEG_SECONDS is its allowance (360).
 legb="${HVDKERAS_BACKENDS_LEG:-auto}"
