@@ -206,7 +206,13 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
                    device_health.message);
     return false;
   }
-  const CycleSignals signals{stop, timeline_.active(), tuning_.has_news()};
+  // Note [device errors end the negotiation wait] in negotiation.cc.
+  auto health = [this] {
+    Status s = executor_.DeviceHealth();
+    if (!s.ok()) s.message = "the GPU communicator failed: " + s.message;
+    return s;
+  };
+  const CycleSignals signals{stop, timeline_.active(), tuning_.has_news(), health};
   const bool waiting = !pending_.empty();
   activity_.Enter(EngineActivity::Phase::kNegotiating);
   Agreement agreement = negotiator_.Negotiate(pending_, signals, now);

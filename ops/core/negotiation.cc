@@ -33,7 +33,15 @@ constexpr uint64_t kAllStatusBits = kNoUnsentRequests | kNoShutdownRequest | kNo
 // Waits for a nonblocking MPI request without hogging a core: spin briefly
 // (the common case: the other ranks are already there), then yield, then
 // sleep for a small fraction of the time waited so far.
-Status WaitPolitely(MPI_Request* request) {
+//
+// Note [device errors end the negotiation wait]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A GPU communicator's asynchronous error (a lost peer) ends the engine of
+// every rank that sees it, at the start of a cycle (Engine::RunCycle). A rank
+// whose engine had already entered this cycle's negotiation would wait for
+// the ended ranks' status bits forever, so while sleeping here it asks
+// `health` too, and its error ends the wait and the engine the same way.
+Status WaitPolitely(MPI_Request* request, const std::function<Status()>& health) {
   const auto start = Clock::now();
   int done = 0;
   while (true) {
@@ -45,6 +53,10 @@ Status WaitPolitely(MPI_Request* request) {
     if (waited < std::chrono::milliseconds(1)) {
       std::this_thread::yield();
       continue;
+    }
+    if (health) {
+      Status s = health();
+      if (!s.ok()) return s;
     }
     std::this_thread::sleep_for(
         std::min<Clock::duration>(waited / 20, std::chrono::microseconds(500)));
@@ -104,7 +116,7 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
   MPI_Request request;
   MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(bits.size()), MPI_UINT64_T, MPI_BAND,
                  mpi_->comm(), &request);
-  agreement.error = WaitPolitely(&request);
+  agreement.error = WaitPolitely(&request, signals.health);
   if (!agreement.error.ok()) return agreement;
   if (!(bits[0] & kNoShutdownRequest)) {
     agreement.shutdown = true;  // every rank leaves its loop here, together

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -29,6 +30,9 @@ struct CycleSignals {
   bool shutdown = false;        // this rank wants to stop
   bool tracing = false;         // this rank records a timeline (rank 0 only)
   bool params_changed = false;  // this rank has new tuning values (rank 0 only)
+  // Asked while this rank waits for the others' status bits: an error ends
+  // the wait (Note [device errors end the negotiation wait]). Null: none.
+  std::function<Status()> health;
 };
 
 // What all ranks agreed on in a cycle.
