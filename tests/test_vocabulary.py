@@ -57,6 +57,7 @@ def test_names_and_sizes_are_tensorflows():
 
 
 def _allowed(op: str):
+    library.ops()  # the TensorFlow binding registers the ops (the engine alone does not)
     (attr,) = [a for a in op_def_registry.get(op).attr if a.name == "T"]
     return [tf.as_dtype(t).name for t in attr.allowed_values.list.type]
 
@@ -70,3 +71,16 @@ def test_registered_ops_accept_the_tables_types(op, reducing):
     assert _allowed(op) == list(expected)
     assert list(vocabulary.reducible_names) == ["uint8", "int8", "int32", "int64", "float16",
                                                 "bfloat16", "float32", "float64"]
+
+
+def test_request_kinds_are_the_engines_op_types():
+    """The non-TensorFlow bindings send OpType numbers (ops/core/common.h)."""
+    import re
+
+    from hvdkeras.engine import requests, toolchain
+
+    header = (toolchain.ops_source_dir() / "core" / "common.h").read_text()
+    body = header.split("enum class OpType")[1].split("};")[0]
+    numbers = {name: int(value) for name, value in re.findall(r"k(\w+) = (\d+)", body)}
+    assert {kind: numbers[kind.capitalize()] for kind in requests.KIND_NAMES} == {
+        kind: getattr(requests, kind.upper()) for kind in requests.KIND_NAMES}

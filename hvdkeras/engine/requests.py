@@ -20,6 +20,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from hvdkeras.engine import c_api, library, world
 from hvdkeras.engine.types import Average
 
+# The engine's OpType numbers (ops/core/common.h; tests/test_vocabulary.py checks them).
 ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL, REDUCESCATTER, BARRIER = range(6)
 KIND_NAMES = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter", "barrier")
 _SUCCEEDED, _FAILED, _RUNNING = 0, 1, 2

@@ -32,16 +32,6 @@ using hvdkeras::Shape;
 using hvdkeras::Status;
 using hvdkeras::TensorRef;
 
-// Request kinds, as the Python bindings number them (engine/requests.py).
-enum Kind : int {
-  kAllreduce = 0,
-  kBroadcast = 1,
-  kAllgather = 2,
-  kAlltoall = 3,
-  kReducescatter = 4,
-  kBarrier = 5,
-};
-
 struct Request {
   std::mutex mutex;
   std::condition_variable finished_cv;
@@ -106,13 +96,14 @@ std::vector<TensorRef> Tensors(int count, const void* const* inputs, void* const
 
 extern "C" {
 
-// Submits one collective over `count` host tensors of element type `dtype`
+// Submits one collective (`kind_number`: an OpType of core/common.h) over
+// `count` host tensors of element type `dtype`
 // (the engine's numbering, see hvdkeras_vocabulary). Allreduce and
 // broadcast write into `outputs` (which may equal `inputs`); the others
 // allocate their outputs (Note [request lifetime]). `splits` (alltoall
 // only) holds `count_splits` row counts. Returns the request's id (> 0), or
 // 0 with a message in `error` when the op could not be queued.
-int64_t hvdkeras_request_submit(int kind, const char* name, int count,
+int64_t hvdkeras_request_submit(int kind_number, const char* name, int count,
                                 const void* const* inputs, void* const* outputs,
                                 const int* ranks, const int64_t* dims, int dtype,
                                 int reduce_op, double prescale, double postscale, int root,
@@ -122,11 +113,14 @@ int64_t hvdkeras_request_submit(int kind, const char* name, int count,
     CopyText("unknown element type or reduction number", error, capacity);
     return 0;
   }
+  using hvdkeras::OpType;
+  const auto kind = static_cast<OpType>(kind_number);
   auto request = std::make_shared<Request>();
-  const bool engine_shaped = kind == kAllgather || kind == kAlltoall || kind == kReducescatter;
+  const bool engine_shaped =
+      kind == OpType::kAllgather || kind == OpType::kAlltoall || kind == OpType::kReducescatter;
   std::vector<TensorRef> tensors = Tensors(count, inputs, outputs, ranks, dims,
                                            static_cast<DataType>(dtype), engine_shaped, request);
-  if (kind == kAlltoall && count == 1) {
+  if (kind == OpType::kAlltoall && count == 1) {
     std::weak_ptr<Request> weak = request;
     tensors[0].receive_splits = [weak](const std::vector<int64_t>& received) {
       if (auto r = weak.lock()) r->received_splits = received;
@@ -143,17 +137,17 @@ int64_t hvdkeras_request_submit(int kind, const char* name, int count,
   const auto op = static_cast<ReduceOp>(reduce_op);
   Status s;
   switch (kind) {
-    case kAllreduce:
+    case OpType::kAllreduce:
       s = hvdkeras::EnqueueAllreduce(op_name, std::move(tensors), op, prescale, postscale,
                                      process_set, done);
       break;
-    case kBroadcast:
+    case OpType::kBroadcast:
       s = hvdkeras::EnqueueBroadcast(op_name, std::move(tensors), root, process_set, done);
       break;
-    case kAllgather:
+    case OpType::kAllgather:
       s = hvdkeras::EnqueueAllgather(op_name, std::move(tensors), process_set, done);
       break;
-    case kAlltoall:
+    case OpType::kAlltoall:
       if (count != 1) {
         s = Status::Error(hvdkeras::StatusCode::kInvalidArgument, "alltoall takes one tensor");
         break;
@@ -162,16 +156,16 @@ int64_t hvdkeras_request_submit(int kind, const char* name, int count,
                                     std::vector<int64_t>(splits, splits + count_splits),
                                     process_set, done);
       break;
-    case kReducescatter:
+    case OpType::kReducescatter:
       s = hvdkeras::EnqueueReducescatter(op_name, std::move(tensors), op, prescale, postscale,
                                          process_set, done);
       break;
-    case kBarrier:
+    case OpType::kBarrier:
       s = hvdkeras::EnqueueBarrier(op_name, process_set, done);
       break;
     default:
       s = Status::Error(hvdkeras::StatusCode::kInvalidArgument,
-                        "unknown request kind " + std::to_string(kind));
+                        "unknown request kind " + std::to_string(kind_number));
   }
   if (!s.ok()) {
     CopyText(s.message, error, capacity);

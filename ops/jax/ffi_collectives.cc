@@ -34,10 +34,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// Collective kinds, numbered as in hvdkeras/engine/requests.py.
-enum Kind : int32_t { kAllreduce = 0, kBroadcast = 1, kAllgather = 2, kAlltoall = 3,
-                      kReducescatter = 4 };
-
 // Runs completions off the engine's thread (Note [asynchronous jax collectives]).
 class Completions {
  public:
@@ -90,8 +86,10 @@ ffi::Future Failed(const std::string& message) {
 }
 
 ffi::Future Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
-                       int32_t kind, int32_t dtype, int32_t reduce_op, double prescale,
+                       int32_t kind_number, int32_t dtype, int32_t reduce_op, double prescale,
                        double postscale, int32_t root, int32_t process_set) {
+  using hvdkeras::OpType;
+  const auto kind = static_cast<OpType>(kind_number);  // the numbering of core/common.h
   if (args.size() != rets.size()) return Failed("hvdkeras: one output per input expected");
   std::vector<hvdkeras::TensorRef> tensors(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -104,7 +102,7 @@ ffi::Future Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::st
     t.dtype = static_cast<hvdkeras::DataType>(dtype);
     void* output = (*out)->untyped_data();
     const hvdkeras::Shape planned = ShapeOf(**out);
-    if (kind == kAllreduce || kind == kBroadcast) {
+    if (kind == OpType::kAllreduce || kind == OpType::kBroadcast) {
       t.output = output;
     } else {
       // XLA shaped the output when it compiled the step: the engine's shape
@@ -140,22 +138,22 @@ ffi::Future Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::st
   const auto op = static_cast<hvdkeras::ReduceOp>(reduce_op);
   hvdkeras::Status queued;
   switch (kind) {
-    case kAllreduce:
+    case OpType::kAllreduce:
       queued = hvdkeras::EnqueueAllreduce(op_name, std::move(tensors), op, prescale, postscale,
                                           process_set, done);
       break;
-    case kBroadcast:
+    case OpType::kBroadcast:
       queued = hvdkeras::EnqueueBroadcast(op_name, std::move(tensors), root, process_set, done);
       break;
-    case kAllgather:
+    case OpType::kAllgather:
       queued = hvdkeras::EnqueueAllgather(op_name, std::move(tensors), process_set, done);
       break;
-    case kReducescatter:
+    case OpType::kReducescatter:
       queued = hvdkeras::EnqueueReducescatter(op_name, std::move(tensors), op, prescale,
                                               postscale, process_set, done);
       break;
     default:
-      return Failed("hvdkeras: unknown collective kind " + std::to_string(kind));
+      return Failed("hvdkeras: unknown collective kind " + std::to_string(kind_number));
   }
   if (!queued.ok()) return Failed("hvdkeras collective '" + op_name + "': " + queued.message);
   return future;

@@ -16,21 +16,9 @@ from hvdkeras.backends import host
 from hvdkeras.backends.jax import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-from hvdkeras.engine.types import Adasum, Average, Sum
+from hvdkeras.engine.types import Average, Sum
 
 _WIRE_DTYPES = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
-
-
-def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
-    if op is not None and average is not None:
-        raise ValueError("Pass either op= or the older average=, not both.")
-    if average is not None:
-        return Average if average else Sum
-    op = Average if op is None else op
-    if op == Adasum:
-        raise ValueError("hvdkeras.Adasum is not available under the jax backend yet; use "
-                         "hvdkeras.Average or Sum.")
-    return op
 
 
 def _set_id(process_set: ProcessSet) -> int:
@@ -70,7 +58,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     total_a, total_b = hvd.grouped_allreduce([a, b], op=hvd.Sum)
     ```
     """
-    op = _resolve_op(op, average)
+    op = host.resolve_op(op, average, "jax")
     originals = [jnp.asarray(t) for t in tensors]
     base = ops.unique_name(name or "HvdkerasGroupedAllreduce", originals)
     wires = [_compress(t, compression) for t in originals]

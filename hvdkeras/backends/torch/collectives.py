@@ -17,21 +17,9 @@ from hvdkeras.backends import host
 from hvdkeras.backends.torch import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-from hvdkeras.engine.types import Adasum, Average, Sum
+from hvdkeras.engine.types import Average
 
 _WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
-    if op is not None and average is not None:
-        raise ValueError("Pass either op= or the older average=, not both.")
-    if average is not None:
-        return Average if average else Sum
-    op = Average if op is None else op
-    if op == Adasum:
-        raise ValueError("hvdkeras.Adasum is not available under the torch backend yet; use "
-                         "hvdkeras.Average or Sum.")
-    return op
 
 
 def _set_id(process_set: ProcessSet) -> int:
@@ -76,7 +64,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     total_a, total_b = hvd.grouped_allreduce([a, b], op=hvd.Sum)
     ```
     """
-    op = _resolve_op(op, average)
+    op = host.resolve_op(op, average, "torch")
     base = name or "HvdkerasGroupedAllreduce"
     originals = [_as_tensor(t) for t in tensors]
     wires = [_compress(t, compression) for t in originals]
