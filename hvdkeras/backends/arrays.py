@@ -81,21 +81,3 @@ def allgather(array, name: str = "hvdkeras_arrays_allgather",
 
     host.allgather([_host(inputs[0])], allocate, name, _set_id(process_set))
     return result[0]
-
-
-def broadcast_object(obj, root_rank: int = 0, name: str = "hvdkeras_arrays_object",
-                     process_set: Optional[ProcessSet] = None):
-    """A picklable object from `root_rank` on every rank."""
-    import pickle  # lazy: only objects need it
-
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    length, = grouped_broadcast([np.array([payload.size], dtype=np.int64)], root_rank,
-                                f"{name}.length", process_set)
-    data = payload if payload.size == int(length[0]) else np.zeros(int(length[0]), np.uint8)
-    received, = grouped_broadcast([data], root_rank, f"{name}.data", process_set)
-    return pickle.loads(received.tobytes())
-
-
-def barrier(process_set: Optional[ProcessSet] = None) -> None:
-    """Returns once every rank has reached it."""
-    host.barrier(set_id=_set_id(process_set))

@@ -16,13 +16,6 @@
 
 namespace {
 
-void CopyText(const std::string& message, char* out, int capacity) {
-  if (!out || capacity <= 0) return;
-  const size_t n = std::min(message.size(), static_cast<size_t>(capacity - 1));
-  std::memcpy(out, message.data(), n);
-  out[n] = '\0';
-}
-
 std::string VocabularyText() {
   std::string text;
 #define HVDKERAS_DTYPE(enumerator, value, name, bytes, reducible, floating, tensorflow)   \
@@ -35,6 +28,8 @@ std::string VocabularyText() {
 }
 
 }  // namespace
+
+using hvdkeras::CopyText;
 
 extern "C" {
 

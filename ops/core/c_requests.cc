@@ -46,13 +46,6 @@ std::mutex registry_mutex;
 std::map<int64_t, std::shared_ptr<Request>> registry;
 int64_t next_id = 1;
 
-void CopyText(const std::string& message, char* out, int capacity) {
-  if (!out || capacity <= 0) return;
-  const size_t n = std::min(message.size(), static_cast<size_t>(capacity - 1));
-  std::memcpy(out, message.data(), n);
-  out[n] = '\0';
-}
-
 std::shared_ptr<Request> Find(int64_t id) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   auto it = registry.find(id);
@@ -93,6 +86,8 @@ std::vector<TensorRef> Tensors(int count, const void* const* inputs, void* const
 }
 
 }  // namespace
+
+using hvdkeras::CopyText;
 
 extern "C" {
 

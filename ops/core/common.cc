@@ -1,5 +1,7 @@
 #include "core/common.h"
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 
 namespace hvdkeras {
@@ -108,6 +110,13 @@ std::string ShapeString(const Shape& shape) {
   }
   out << "]";
   return out.str();
+}
+
+void CopyText(const std::string& text, char* out, int capacity) {
+  if (!out || capacity <= 0) return;
+  const size_t n = std::min(text.size(), static_cast<size_t>(capacity - 1));
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
 }
 
 }  // namespace hvdkeras

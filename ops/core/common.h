@@ -76,5 +76,8 @@ bool IsReducible(DataType dtype);
 
 int64_t NumElements(const Shape& shape);
 std::string ShapeString(const Shape& shape);
+// Writes `text` into the C buffer `out` of `capacity` bytes, cut to fit and
+// NUL-terminated (for the C entry points' messages).
+void CopyText(const std::string& text, char* out, int capacity);
 
 }  // namespace hvdkeras

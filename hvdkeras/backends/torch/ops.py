@@ -108,7 +108,7 @@ def _broadcast_backward(ctx, grads):
 broadcast.register_autograd(_broadcast_backward, setup_context=_broadcast_setup)
 
 
-def _allocating(kind, tensor: torch.Tensor):
+def _allocating(tensor: torch.Tensor):
     results: List[torch.Tensor] = []
 
     def allocate(shape) -> int:
@@ -121,7 +121,7 @@ def _allocating(kind, tensor: torch.Tensor):
 @torch.library.custom_op("hvdkeras::allgather", mutates_args=())
 def allgather(tensor: torch.Tensor, name: str, process_set_id: int) -> torch.Tensor:
     source = tensor.detach().contiguous()
-    results, allocate = _allocating("allgather", source)
+    results, allocate = _allocating(source)
     host.allgather([_host_tensor(source, "allgather")], allocate, name, process_set_id)
     return results[0]
 
@@ -156,7 +156,7 @@ allgather.register_autograd(_allgather_backward, setup_context=_allgather_setup)
 def reducescatter(tensor: torch.Tensor, name: str, op: int, prescale: float, postscale: float,
                   process_set_id: int) -> torch.Tensor:
     source = tensor.detach().contiguous()
-    results, allocate = _allocating("reducescatter", source)
+    results, allocate = _allocating(source)
     host.reducescatter([_host_tensor(source, "reducescatter")], allocate, name, op, prescale,
                        postscale, process_set_id)
     return results[0]
@@ -189,7 +189,7 @@ reducescatter.register_autograd(_reducescatter_backward, setup_context=_reducesc
 def alltoall(tensor: torch.Tensor, splits: List[int], name: str,
              process_set_id: int) -> List[torch.Tensor]:
     source = tensor.detach().contiguous()
-    results, allocate = _allocating("alltoall", source)
+    results, allocate = _allocating(source)
     received = host.alltoall(_host_tensor(source, "alltoall"), splits or None, allocate, name,
                              process_set_id)
     return [results[0], torch.tensor(received, dtype=torch.int32)]
