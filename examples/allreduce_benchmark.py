@@ -23,7 +23,9 @@ TensorFlow charges per tensor crossing a function boundary.
 The "TF only" column times the same tf.function with each collective
 replaced by a local multiply that writes outputs of the same sizes: what
 TensorFlow itself costs (function call, outputs), which no communication
-library can remove.
+library can remove. Last, for the first size, case (c) and its TF-only twin
+run in turn call by call (`--pairs` of them), and the distribution of the
+difference is printed: what 100 separate collectives add to a step.
 """
 
 from __future__ import annotations
@@ -163,6 +165,32 @@ def steady_state(label: str, warm_steps: int, comm) -> None:
 
 
 RAW = "raw mpi4py Allreduce"
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def paired_overhead(label: str, iterations: int, comm, boundary: bool) -> np.ndarray:
+    """Per step, what case (c) costs above its TF-only twin: the two run in
+    turn, call by call, and each pair's difference is the slowest rank's."""
+    _, cases = make_cases(SIZES[label], comm, boundary)
+    separate, many_local = cases["(c) separate x100"]
+    tf.config.optimizer.set_experimental_options({"dependency_optimization": False})
+    many_local()  # traced with the pass off, as in measure_size
+    tf.config.optimizer.set_experimental_options({"dependency_optimization": True})
+    for _ in range(20):
+        separate()
+        many_local()
+    diffs = np.empty(iterations)
+    for k in range(iterations):
+        seconds = []
+        for fn in (separate, many_local):
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - start)
+        diffs[k] = seconds[0] - seconds[1]
+    slowest = np.empty_like(diffs)
+    comm.Allreduce(diffs, slowest, op=MPI.MAX)
+    return slowest
 
 
 def measure_size(label: str, args, comm) -> dict:
@@ -201,6 +229,9 @@ def main() -> None:
                              "steps (autotune tunes during them when HVDKERAS_AUTOTUNE=1), "
                              "then time it; compare runs with and without autotune")
     parser.add_argument("--warm-steps", type=int, default=3000)
+    parser.add_argument("--pairs", type=int, default=2000,
+                        help="interleaved (c)/TF-only pairs for the distribution of what "
+                             "100 separate allreduces add per step (0: skip it)")
     parser.add_argument("--boundary", action="store_true",
                         help="pass the 100 tensors into the function as captures and return "
                              "every result to Python (adds TensorFlow's per-tensor call cost)")
@@ -238,6 +269,14 @@ def main() -> None:
             local_text = "" if local != local else f"{local * 1e3:>11.3f}"
             print(f"{label:>6}  {name:<22} {seconds * 1e3:>10.3f} {busbw:>11.2f} "
                   f"{statistics.median(ratios):>7.2f} {spread:>12} {local_text}")
+    if args.pairs > 0:
+        label = labels[0]
+        added = paired_overhead(label, args.pairs, comm, args.boundary)
+        if comm.Get_rank() == 0:
+            points = "  ".join(f"p{int(q * 100)} {np.quantile(added, q) * 1e3:.3f}"
+                               for q in QUANTILES)
+            print(f"(c) separate x100 at {label}, ms above TF alone per step over {args.pairs} "
+                  f"interleaved pairs: {points}")
     hvd.shutdown()
 
 

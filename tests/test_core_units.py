@@ -38,6 +38,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "reduce_kernels": ("reduce_kernels",),
     "response_cache": ("response_cache", "message", "common"),
     "scaling": ("scaling", "common"),
+    "submission_queue": ("submission_queue", "message", "common"),
 }
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120

@@ -39,6 +39,8 @@ class BurstMemory {
   void Count(const std::string& name);
   // True while some remembered burst has a counted member but not all of them.
   bool Incomplete() const { return missing_ > 0; }
+  // How many remembered members have not been counted yet.
+  size_t missing() const { return missing_; }
 
   size_t remembered() const { return burst_of_.size(); }
 

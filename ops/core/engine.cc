@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/completion_batch.h"
 #include "core/device.h"
 #include "core/watchdog.h"
 
@@ -140,6 +141,7 @@ void Engine::Loop() {
   FailEverything(
       "hvdkeras was shut down (a rank called hvdkeras.shutdown() or exited) before this "
       "collective completed.");
+  CompletionCycleStart(/*final=*/true);
   timeline_.Close();
   activity_.Enter(EngineActivity::Phase::kClosing);
   executor_.Close(/*collective=*/shutdown_agreed_);
@@ -176,14 +178,16 @@ bool Engine::GatherBurst(Clock::time_point first_arrival, bool* progress) {
     const double left_ms =
         std::chrono::duration<double, std::milli>(deadline - Clock::now()).count();
     if (left_ms <= 0) break;
-    // Woken by every submission: measured, that beats one wake-up for the
-    // whole burst when the ops come back to Python as function outputs.
-    if (Accept(queue_.Take(/*may_wait=*/true, left_ms), progress)) return true;
+    // Woken once the burst's missing members could all be queued, not by
+    // each of them: every wake-up costs both this thread and the submitting
+    // one a context switch, which on a busy host also delays the other ranks.
+    if (Accept(queue_.Take(/*may_wait=*/true, left_ms, bursts_.missing()), progress)) return true;
   }
   return false;
 }
 
 bool Engine::RunCycle(bool may_wait, bool* progress) {
+  CompletionCycleStart(/*final=*/false);  // Note [completion batches]
   SubmissionQueue::Taken taken = queue_.Take(may_wait, config_.cycle_time_ms);
   const bool new_ops = !taken.ops.empty();
   const auto first_arrival = new_ops ? taken.ops.front()->enqueued : Clock::now();
@@ -295,6 +299,7 @@ void Engine::Finish(std::vector<std::pair<PendingOp*, Status>> results) {
   }
   queue_.Release(finished);
   std::vector<std::unique_ptr<PendingOp>> owned = pending_.TakeFinished();
+  CompletionBatch batch;  // Note [completion batches]
   for (auto& [op, status] : results) {
     if (!status.ok()) DiscardReadyEvents(op);
     op->done(status);
@@ -306,6 +311,7 @@ void Engine::FailEverything(const std::string& why) {
   for (auto& op : pending_.TakeAll()) leftovers.push_back(std::move(op));
   negotiator_.ClearStandIns();
   const Status status = Status::Error(StatusCode::kAborted, why);
+  CompletionBatch batch;  // Note [completion batches]
   for (auto& op : leftovers) {
     DiscardReadyEvents(op.get());
     if (op->done) op->done(status);

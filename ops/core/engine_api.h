@@ -96,4 +96,17 @@ Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallb
 
 bool EngineRunning();
 
+// See Note [completion batches] in completion_batch.h. `batch_end` runs on
+// an engine's thread after each batch of done callbacks; `cycle_start` runs
+// on it at the start of every cycle (at least every cycle time, even when
+// idle), and once more with `final` true when the engine stops. One set of
+// hooks per process; a later call replaces it. InsideCompletionBatch() is
+// true on an engine thread while it runs such a batch.
+struct CompletionHooks {
+  void (*batch_end)() = nullptr;
+  void (*cycle_start)(bool final) = nullptr;
+};
+void SetCompletionHooks(const CompletionHooks& hooks);
+bool InsideCompletionBatch();
+
 }  // namespace hvdkeras

@@ -1,5 +1,6 @@
 #include "core/submission_queue.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace hvdkeras {
@@ -45,8 +46,8 @@ Status SubmissionQueue::Submit(std::unique_ptr<PendingOp>&& op) {
   op->request.rank = rank_;
   op->enqueued = std::chrono::steady_clock::now();
   incoming_.push_back(std::move(op));
-  const bool wake = engine_asleep_;
-  engine_asleep_ = false;
+  const bool wake = engine_asleep_ && incoming_.size() >= wake_at_;
+  if (wake) engine_asleep_ = false;
   lock.unlock();  // the woken engine thread can take the lock at once
   if (wake) cv_.notify_one();
   return Status::OK();
@@ -65,13 +66,19 @@ void SubmissionQueue::RequestTimeline(const std::string& path, bool mark_cycles)
   timeline_mark_cycles_ = mark_cycles;
 }
 
-SubmissionQueue::Taken SubmissionQueue::Take(bool may_wait, double wait_ms) {
+SubmissionQueue::Taken SubmissionQueue::Take(bool may_wait, double wait_ms, size_t wake_at) {
   Taken taken;
   std::unique_lock<std::mutex> lock(mu_);
-  if (may_wait && incoming_.empty() && !shutdown_requested_) {
+  wake_at = std::max<size_t>(wake_at, 1);
+  if (may_wait && incoming_.size() < wake_at && !shutdown_requested_) {
     engine_asleep_ = true;
-    cv_.wait_for(lock, std::chrono::duration<double, std::milli>(wait_ms));
+    wake_at_ = wake_at;
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double, std::milli>(wait_ms));
+    cv_.wait_until(lock, until, [this] { return !engine_asleep_ || shutdown_requested_; });
     engine_asleep_ = false;
+    wake_at_ = 1;
   }
   taken.ops.swap(incoming_);
   taken.shutdown = shutdown_requested_;

@@ -39,8 +39,9 @@ class SubmissionQueue {
   void RequestTimeline(const std::string& path, bool mark_cycles);
 
   // Engine thread. With `may_wait`, sleeps up to `wait_ms` unless something
-  // is already queued; the first op submitted while it sleeps wakes it.
-  Taken Take(bool may_wait, double wait_ms);
+  // is already queued; the submission that brings the queue to `wake_at` ops
+  // wakes it (a shutdown or timeline request always does).
+  Taken Take(bool may_wait, double wait_ms, size_t wake_at = 1);
   // The names of these finished ops may be submitted again.
   void Release(const std::vector<PendingOp*>& finished);
   // Any thread: how many collectives are in flight and a few of their names,
@@ -60,6 +61,7 @@ class SubmissionQueue {
   // True while the engine thread sleeps and nobody has woken it yet: only
   // the first op queued in that time signals (a wake-up is a syscall).
   bool engine_asleep_ = false;
+  size_t wake_at_ = 1;  // while asleep: the queue length that wakes it
   std::vector<std::unique_ptr<PendingOp>> incoming_;
   std::unordered_set<std::string> in_flight_;
   bool timeline_requested_ = false;

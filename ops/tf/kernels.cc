@@ -7,6 +7,7 @@
 
 #include "core/engine_api.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tf/completion_batches.h"
 #include "tf/gpu_placement.h"
 #include "tf/type_mapping.h"
 
@@ -154,9 +155,10 @@ class CollectiveKernel : public tf::AsyncOpKernel {
     for (int i = 0; i < num_data_inputs(ctx); ++i) {
       OP_REQUIRES_OK_ASYNC(ctx, Prepare(ctx, i, &refs), done);
     }
-    hvdkeras::DoneCallback finish = [ctx, done](const Status& status) {
+    // See Note [completions on the framework's pool].
+    hvdkeras::DoneCallback finish = [ctx, done](const Status& status) mutable {
       if (!status.ok()) ctx->SetStatus(ToTfStatus(status));
-      done();
+      FinishKernel(ctx, std::move(done));
     };
     const Status queued = Submit(ctx, std::move(refs), std::move(finish));
     if (!queued.ok()) {

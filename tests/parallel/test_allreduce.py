@@ -316,6 +316,42 @@ def test_repeated_calls_of_one_function_see_new_inputs():
             assert_exact(got[k], want, f"call {call} tensor {k}")
 
 
+def test_hundred_separate_allreduces_feed_outputs_and_consumers():
+    """100 separate allreduces in one function, half returned as outputs and half
+    consumed inside it, called repeatedly: each completion reaches its consumers
+    (Note [completions on the framework's pool])."""
+    @tf.function
+    def step(scale):
+        outs = [hvd.allreduce(tf.fill([3], (WORLD_RANK + 1) * scale + float(k)), op=hvd.Sum,
+                              name=f"hundred_{k}") for k in range(100)]
+        return outs[:50], tf.add_n(outs[50:])
+
+    ranks_sum = WORLD_SIZE * (WORLD_SIZE + 1) / 2
+    for call in range(1, 4):
+        returned, consumed = step(tf.constant(float(call)))
+        for k, got in enumerate(returned):
+            assert_exact(got, np.full(3, ranks_sum * call + WORLD_SIZE * k, np.float32),
+                         f"call {call} output {k}")
+        want = sum(ranks_sum * call + WORLD_SIZE * k for k in range(50, 100))
+        assert_exact(consumed, np.full(3, want, np.float32), f"call {call} sum")
+
+
+def test_eager_allreduce_inside_a_py_function_of_a_function():
+    """A py_function holds one of TensorFlow's inter-op threads while an eager
+    allreduce inside it waits: that completion must not need the held pool."""
+    def body(x):
+        return hvd.allreduce(x, op=hvd.Sum, name="inside_py_function").numpy()
+
+    @tf.function
+    def step(x):
+        y = tf.py_function(body, [x], tf.float32)
+        y.set_shape(x.shape)
+        return hvd.allreduce(y, op=hvd.Sum, name="after_py_function")
+
+    got = step(tf.fill([4], float(WORLD_RANK + 1)))
+    assert_exact(got, np.full(4, WORLD_SIZE * WORLD_SIZE * (WORLD_SIZE + 1) / 2, np.float32))
+
+
 # ---------------------------------------------------------------- wire compression
 
 @pytest.mark.parametrize("mode", MODES)
