@@ -9,6 +9,13 @@ updates. As under TensorFlow the optimizer is converted in place into a
 subclass of its own class that keeps its name, so saved files record the
 plain optimizer.
 
+`backward_passes_per_step` > 1 uses Keras's own gradient accumulation
+(`gradient_accumulation_steps`, which works inside JAX's stateless step):
+the passes are summed locally and the reduction moves to the update step,
+in `_clip_gradients`, which Keras calls with the accumulated gradients just
+before clipping. Under JAX every pass traces that call, so the reduction
+sits in a `lax.cond` on the update step: the other passes move no bytes.
+
 What may import this module: `hvdkeras.training.optimizer` (which dispatches
 to it under these backends).
 """
@@ -28,7 +35,6 @@ from hvdkeras.engine.types import Average, Sum
 
 _UNSUPPORTED = {
     "zero_stage": 0,
-    "backward_passes_per_step": 1,
 }
 
 
@@ -44,11 +50,54 @@ class _TorchDistributedMixin:
         self._hvdkeras_local_ids.add(id(var))
 
     def apply(self, grads, trainable_variables=None):
+        if self._hvdkeras_settings["passes"] > 1:  # reduced on the update step
+            return super().apply(grads, trainable_variables)
         grads = list(grads)
         variables = list(trainable_variables) if trainable_variables is not None else \
             list(getattr(self, "_trainable_variables", []))
         return super().apply(reduce_gradients(grads, variables, self._hvdkeras_settings,
                                               self._hvdkeras_local_ids), trainable_variables)
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The variables of the gradients `_clip_gradients` will see (set past
+        # Keras's attribute tracking: see _untracked).
+        _untracked(self, "_hvdkeras_applying", list(trainable_variables))
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            _untracked(self, "_hvdkeras_applying", None)
+
+    def _clip_gradients(self, grads):
+        if self._hvdkeras_settings["passes"] > 1:
+            grads = self._hvdkeras_reduce_accumulated(list(grads))
+        return super()._clip_gradients(grads)
+
+    def _hvdkeras_reduce_accumulated(self, grads: List[Any]) -> List[Any]:
+        settings = self._hvdkeras_settings
+        variables = self._hvdkeras_applying
+        if variables is None or len(variables) != len(grads):
+            raise RuntimeError("hvdkeras: gradients reached _clip_gradients outside apply(); "
+                               "backward_passes_per_step needs Keras's own apply path.")
+        # Keras hands over the mean of the passes; Horovod's default is their sum.
+        scale = 1.0 if settings["average_aggregated"] else float(settings["passes"])
+
+        def reduce(values):
+            return reduce_gradients(list(values), variables, settings,
+                                    self._hvdkeras_local_ids, scale=scale)
+
+        if frameworks.keras_backend() != "jax":
+            return reduce(grads)  # Keras's torch path calls this on update steps only
+        import jax  # lazy: an optional extra, present when the backend is jax
+
+        is_update = (self._iterations + 1) % settings["passes"] == 0
+        return list(jax.lax.cond(is_update, reduce, list, grads))
+
+
+def _untracked(optimizer: Any, name: str, value: Any) -> None:
+    """Sets an attribute that Keras must not track: a list of the model's
+    variables set normally would join `optimizer.variables` (under JAX the
+    step then receives, and donates, those buffers twice)."""
+    object.__setattr__(optimizer, name, value)
 
 
 def _grouped_allreduce():
@@ -57,20 +106,23 @@ def _grouped_allreduce():
 
 
 def reduce_gradients(grads: List[Any], variables: Sequence[Any],
-                     settings: Dict[str, Any], local_ids: Set[int]) -> List[Any]:
-    """The gradients averaged (or summed) over the process set; None stays None."""
+                     settings: Dict[str, Any], local_ids: Set[int],
+                     scale: float = 1.0) -> List[Any]:
+    """The gradients averaged (or summed) over the process set, times `scale`;
+    None stays None."""
     size = process_sets.view(settings["process_set"]).size
     local = {k for k, v in enumerate(variables) if id(v) in local_ids} if local_ids else set()
     present = [k for k, g in enumerate(grads) if g is not None and k not in local]
     out = list(grads)
-    if settings["scale_local_gradients"]:
-        for k in local:
-            if grads[k] is not None:
-                out[k] = grads[k] / size
+    for k in local:
+        if grads[k] is not None:
+            divisor = size if settings["scale_local_gradients"] else 1
+            if divisor != 1 or scale != 1.0:
+                out[k] = grads[k] * (scale / divisor)
     factor = settings["gradient_predivide_factor"]
-    op, pre, post = settings["op"], 1.0, 1.0
+    op, pre, post = settings["op"], 1.0, scale
     if op == Average and factor != 1.0:
-        op, pre, post = Sum, 1.0 / factor, factor / size
+        op, pre, post = Sum, 1.0 / factor, scale * factor / size
     grouped_allreduce = _grouped_allreduce()
     for index, group in enumerate(_groups(present, variables, settings)):
         reduced = grouped_allreduce([grads[k] for k in group], name=f"{settings['name']}.{index}",
@@ -114,6 +166,27 @@ def _distributed_class(base: type) -> type:
     return derived
 
 
+def _check_passes(optimizer: keras.optimizers.Optimizer, passes: int,
+                  average_aggregated: bool) -> None:
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {passes!r}.")
+    if not isinstance(average_aggregated, bool):
+        raise TypeError("average_aggregated_gradients must be True or False, got "
+                        f"{average_aggregated!r}.")
+    if passes == 1:
+        return
+    if optimizer.gradient_accumulation_steps:
+        raise ValueError(
+            f"Optimizer {optimizer.name!r} already accumulates gradients "
+            f"(gradient_accumulation_steps={optimizer.gradient_accumulation_steps}); set either "
+            "that or DistributedOptimizer(backward_passes_per_step=...), not both.")
+    if optimizer.built:
+        raise ValueError(
+            f"backward_passes_per_step={passes} needs an optimizer that is not built yet (its "
+            f"gradient accumulators are made when it is built); wrap {optimizer.name!r} before "
+            "compiling or training with it.")
+
+
 def is_distributed(optimizer: Any) -> bool:
     """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
     return isinstance(optimizer, _TorchDistributedMixin)
@@ -132,8 +205,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     """Makes a Keras 3 optimizer average gradients across all ranks (torch, jax).
 
     The arguments are those of the TensorFlow backend's `DistributedOptimizer`;
-    `zero_stage` and `backward_passes_per_step` > 1 are TensorFlow-only for now
-    and raise an error here.
+    `zero_stage` is TensorFlow-only for now and raises an error here.
 
     Args:
         optimizer: A `keras.optimizers.Optimizer` or a name such as `"adam"`.
@@ -141,6 +213,11 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         compression: `hvdkeras.Compression.fp16` or `.bf16` to send gradients
             at half width.
         op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
+        backward_passes_per_step: Sum the gradients of this many passes
+            locally (Keras's `gradient_accumulation_steps`) and reduce once,
+            on the pass that updates the weights.
+        average_aggregated_gradients: With `backward_passes_per_step` > 1,
+            apply the mean of the passes instead of their sum.
         gradient_predivide_factor: Average as a sum of gradients times 1/f
             before and f/size after the reduction.
         num_groups: Split the gradients into this many fused requests.
@@ -174,18 +251,24 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                              f"supported under the {frameworks.keras_backend()} backend yet; "
                              "leave it at "
                              f"{default!r} or train with KERAS_BACKEND=tensorflow.")
+    _check_passes(optimizer, backward_passes_per_step, average_aggregated_gradients)
     if op not in (Average, Sum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
                          f"takes op=hvdkeras.Average or Sum, got {op!r}.")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set
+    if backward_passes_per_step > 1:
+        optimizer.gradient_accumulation_steps = backward_passes_per_step
     optimizer.__class__ = _distributed_class(type(optimizer))
-    optimizer._hvdkeras_settings = {
+    _untracked(optimizer, "_hvdkeras_settings", {
         "name": name or f"{optimizer.name}_gradients", "compression": compression,
         "op": op, "gradient_predivide_factor": float(gradient_predivide_factor),
         "num_groups": int(num_groups), "groups": None if groups is None else
         [list(g) for g in groups], "process_set": process_set,
-        "scale_local_gradients": bool(scale_local_gradients)}
+        "scale_local_gradients": bool(scale_local_gradients),
+        "passes": int(backward_passes_per_step),
+        "average_aggregated": bool(average_aggregated_gradients)})
+    _untracked(optimizer, "_hvdkeras_applying", None)
     optimizer._hvdkeras_local_ids = set()
     return optimizer

@@ -93,6 +93,55 @@ def test_every_rank_ends_with_the_same_weights_and_averaged_metrics():
     assert np.all(losses == losses[0])
 
 
+@pytest.mark.parametrize("average", [True, False], ids=["mean_of_passes", "sum_of_passes"])
+def test_backward_passes_per_step_equals_one_process_accumulating(average):
+    """Two passes per update, reduced once on the update pass, equal one process
+    using Keras's own accumulation on the same global batches. Horovod's default
+    applies the sum of the passes: for SGD with momentum that is the mean with
+    twice the learning rate."""
+    model, _ = distributed(keras.optimizers.SGD(0.05, momentum=0.9), backward_passes_per_step=2,
+                           average_aggregated_gradients=average)
+    expected = reference(keras.optimizers.SGD(0.05 if average else 0.1, momentum=0.9,
+                                              gradient_accumulation_steps=2))
+    for got, want in zip(weights(model), weights(expected)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    for got, want in zip(model.optimizer.variables, expected.optimizer.variables):
+        if "learning_rate" not in got.path:  # the reference's is doubled for the sum
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(got),
+                                       keras.ops.convert_to_numpy(want), rtol=2e-5, atol=2e-6)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == STEPS  # 2 epochs / 2
+
+
+def test_backward_passes_with_adam_and_clipping_equal_one_process():
+    model, _ = distributed(keras.optimizers.Adam(0.01, global_clipnorm=0.5),
+                           backward_passes_per_step=2, average_aggregated_gradients=True)
+    expected = reference(keras.optimizers.Adam(0.01, global_clipnorm=0.5,
+                                               gradient_accumulation_steps=2))
+    for got, want in zip(weights(model), weights(expected)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_backward_passes_move_bytes_on_update_passes_only():
+    """4 passes per update over 8 batches: two reductions, not eight."""
+    before = hvd.engine_stats()
+    distributed(keras.optimizers.SGD(0.05), epochs=2, backward_passes_per_step=4)
+    reduced = (hvd.engine_stats() - before).bytes_reduced
+    per_update = 4 * (6 * 8 + 8 + 8 * 1 + 1)  # the model's float32 gradients
+    assert reduced == 2 * per_update, reduced
+
+
+def test_backward_passes_settings_are_checked():
+    with pytest.raises(ValueError, match="already accumulates"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2),
+                                 backward_passes_per_step=2)
+    built = keras.optimizers.SGD()
+    built.build([keras.Variable(np.zeros(2, "float32"))])
+    with pytest.raises(ValueError, match="not built yet"):
+        hvd.DistributedOptimizer(built, backward_passes_per_step=2)
+    with pytest.raises(ValueError, match=">= 1"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
+
+
 def test_unsupported_settings_are_refused():
     with pytest.raises(ValueError, match="zero_stage"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1)
