@@ -14,7 +14,7 @@ import dataclasses
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from hvdkeras.engine import library, process_sets, requests
-from hvdkeras.engine.types import REDUCE_OP_NAMES, Adasum, Average, Sum
+from hvdkeras.engine.types import REDUCE_OP_NAMES, Average, Sum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,17 +44,13 @@ def _one_dtype(tensors: Sequence[HostTensor], what: str) -> str:
     return kinds.pop()
 
 
-def resolve_op(op: Optional[int], average: Optional[bool], backend: str) -> int:
+def resolve_op(op: Optional[int], average: Optional[bool]) -> int:
     """The reduction from `op=` or Horovod's older `average=` (default Average)."""
     if op is not None and average is not None:
         raise ValueError("Pass either op= or the older average=, not both.")
     if average is not None:
         return Average if average else Sum
-    op = Average if op is None else op
-    if op == Adasum:
-        raise ValueError(f"hvdkeras.Adasum is not available under the {backend} backend yet; "
-                         "use hvdkeras.Average or Sum.")
-    return op
+    return Average if op is None else op
 
 
 def _check_op(op: int, what: str) -> None:

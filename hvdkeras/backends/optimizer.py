@@ -31,7 +31,7 @@ import keras
 from hvdkeras import compat
 from hvdkeras.engine import frameworks, process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-from hvdkeras.engine.types import Average, Sum
+from hvdkeras.engine.types import Adasum, Average, Sum
 
 _UNSUPPORTED = {
     "zero_stage": 0,
@@ -212,7 +212,8 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         name: Prefix of the collective names (the same on every rank).
         compression: `hvdkeras.Compression.fp16` or `.bf16` to send gradients
             at half width.
-        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
+        op: `hvdkeras.Average` (default), `hvdkeras.Sum`, or `hvdkeras.Adasum`
+            (combines the ranks' gradients without dividing by their number).
         backward_passes_per_step: Sum the gradients of this many passes
             locally (Keras's `gradient_accumulation_steps`) and reduce once,
             on the pass that updates the weights.
@@ -252,9 +253,9 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                              "leave it at "
                              f"{default!r} or train with KERAS_BACKEND=tensorflow.")
     _check_passes(optimizer, backward_passes_per_step, average_aggregated_gradients)
-    if op not in (Average, Sum):
+    if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
-                         f"takes op=hvdkeras.Average or Sum, got {op!r}.")
+                         f"takes op=hvdkeras.Average, Sum or Adasum, got {op!r}.")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set

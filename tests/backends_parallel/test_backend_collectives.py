@@ -137,11 +137,57 @@ def test_a_process_set_reduces_over_its_ranks_only():
         hvd.remove_process_set(subset)
 
 
+def numpy_adasum(values):
+    """Adasum of the ranks' arrays, neighbours first, in float64."""
+    level = [np.asarray(v, np.float64) for v in values]
+    while len(level) > 1:
+        paired = []
+        for a, b in zip(level[0:-1:2], level[1::2]):
+            dot, aa, bb = (a * b).sum(), (a * a).sum(), (b * b).sum()
+            paired.append((1 - dot / (2 * aa) if aa > 0 else 1.0) * a
+                          + (1 - dot / (2 * bb) if bb > 0 else 1.0) * b)
+        if len(level) % 2:
+            paired.append(level[-1])
+        level = paired
+    return level[0]
+
+
+def test_adasum_combines_the_ranks_pairwise():
+    n, r = hvd.size(), hvd.rank()
+    sent = [np.array([[1.0 + k, -2.0 * k, 0.5], [k, 3.0, -1.0]]) * (k + 1) for k in range(n)]
+    got = hvd.allreduce(tensor(sent[r], "float64"), op=hvd.Adasum, name="adasum.f64")
+    assert keras.backend.standardize_dtype(got.dtype) == "float64"
+    np.testing.assert_allclose(numpy(got), numpy_adasum(sent), rtol=1e-12)
+    # Grouped, float32, with scaling: prescale each rank's values, postscale the result.
+    small = hvd.grouped_allreduce([tensor(sent[r], "float32"), tensor(sent[r][0], "float32")],
+                                  op=hvd.Adasum, prescale_factor=0.5, postscale_factor=3.0,
+                                  name="adasum.grouped")
+    np.testing.assert_allclose(numpy(small[0]), 3 * numpy_adasum([0.5 * v for v in sent]),
+                               rtol=1e-5)
+    np.testing.assert_allclose(numpy(small[1]), 3 * numpy_adasum([0.5 * v[0] for v in sent]),
+                               rtol=1e-5)
+    if n == 2:  # orthogonal gradients add up, equal ones are averaged
+        orthogonal = hvd.allreduce(tensor([1.0, 0.0] if r == 0 else [0.0, 2.0], "float64"),
+                                   op=hvd.Adasum, name="adasum.orthogonal")
+        assert numpy(orthogonal).tolist() == [1.0, 2.0]
+        same = hvd.allreduce(tensor([3.0, -4.0], "float64"), op=hvd.Adasum, name="adasum.same")
+        assert numpy(same).tolist() == [3.0, -4.0]
+
+
+def test_adasum_optimizer_applies_the_combined_gradients():
+    n, r = hvd.size(), hvd.rank()
+    grads = [np.array([1.0 + k, -2.0, 0.5 * k], np.float32) for k in range(n)]
+    variable = keras.Variable(np.zeros(3, np.float32))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum)
+    optimizer.apply([tensor(grads[r], "float32")], [variable])
+    np.testing.assert_allclose(numpy(variable.value), -0.1 * numpy_adasum(grads), rtol=1e-5)
+
+
 def test_bad_input_is_named_on_every_rank():
     with pytest.raises(TypeError, match="complex64"):
         hvd.allreduce(tensor(np.zeros(2, dtype=np.complex64)))
-    with pytest.raises(ValueError, match="Adasum"):
-        hvd.allreduce(tensor([1.0], "float32"), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Adasum combines floating-point"):
+        hvd.allreduce(tensor([1], "int32"), op=hvd.Adasum)
     with pytest.raises(ValueError, match="root_rank"):
         hvd.broadcast(tensor([1.0], "float32"), root_rank=hvd.size())
     hvd.barrier()  # every rank is here after its refusals: nothing was left in flight

@@ -142,6 +142,16 @@ def test_backward_passes_settings_are_checked():
         hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
 
 
+def test_adasum_trains_inside_the_backends_step():
+    """op=Adasum inside Keras's compiled step: the ranks' gradients are combined
+    there, so every rank ends with the same weights, and training progresses."""
+    model, history = distributed(keras.optimizers.SGD(0.05), op=hvd.Adasum)
+    mine = np.concatenate([w.ravel() for w in weights(model)])
+    everyone = keras.ops.convert_to_numpy(hvd.allgather(keras.ops.convert_to_tensor(mine[None])))
+    assert np.array_equal(everyone.min(0), everyone.max(0))
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
 def test_unsupported_settings_are_refused():
     with pytest.raises(ValueError, match="zero_stage"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1)

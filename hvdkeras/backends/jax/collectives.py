@@ -12,11 +12,11 @@ from typing import Any, List, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
-from hvdkeras.backends import host
+from hvdkeras.backends import adasum, host
 from hvdkeras.backends.jax import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-from hvdkeras.engine.types import Average, Sum
+from hvdkeras.engine.types import Adasum, Average, Sum
 
 _WIRE_DTYPES = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
 
@@ -32,6 +32,17 @@ def _compress(array, compression: Any):
     return array
 
 
+def _adasum(tensors: Sequence[Any], name: Optional[str], prescale: float, postscale: float,
+            compression: Any, process_set: ProcessSet) -> List[jax.Array]:
+    originals = [jnp.asarray(t) for t in tensors]
+    wires = [_compress(t, compression) for t in originals]
+    # (allgather numbers each part's name inside a trace)
+    combined = adasum.adasum(wires, lambda rows, part: allgather(rows, part, process_set),
+                             name or "HvdkerasAdasum", process_sets.view(process_set).size,
+                             float(prescale), float(postscale))
+    return [value.astype(t.dtype) for value, t in zip(combined, originals)]
+
+
 def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       name: Optional[str] = None, op: Optional[int] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -43,7 +54,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
         tensors: Arrays (any shapes; the same on every rank).
         average: Deprecated spelling of `op` (True means Average).
         name: The name every rank gives this call.
-        op: `hvdkeras.Average` (default), `Sum`, `Min`, `Max` or `Product`.
+        op: `hvdkeras.Average` (default), `Sum`, `Min`, `Max`, `Product` or
+            `Adasum` (floating tensors; see `hvdkeras/backends/adasum.py`).
         prescale_factor: Multiplies the inputs before the reduction.
         postscale_factor: Multiplies the results after it.
         compression: `hvdkeras.Compression.fp16` or `.bf16`.
@@ -58,7 +70,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     total_a, total_b = hvd.grouped_allreduce([a, b], op=hvd.Sum)
     ```
     """
-    op = host.resolve_op(op, average, "jax")
+    op = host.resolve_op(op, average)
+    if op == Adasum:
+        return _adasum(tensors, name, prescale_factor, postscale_factor, compression,
+                       process_set)
     originals = [jnp.asarray(t) for t in tensors]
     base = ops.unique_name(name or "HvdkerasGroupedAllreduce", originals)
     wires = [_compress(t, compression) for t in originals]

@@ -13,11 +13,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from hvdkeras.backends import host
+from hvdkeras.backends import adasum, host
 from hvdkeras.backends.torch import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-from hvdkeras.engine.types import Average
+from hvdkeras.engine.types import Adasum, Average
 
 _WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -37,6 +37,16 @@ def _compress(tensor: torch.Tensor, compression: Any) -> torch.Tensor:
     return tensor
 
 
+def _adasum(tensors: Sequence[Any], name: Optional[str], prescale: float, postscale: float,
+            compression: Any, process_set: ProcessSet) -> List[torch.Tensor]:
+    originals = [_as_tensor(t) for t in tensors]
+    wires = [_compress(t, compression) for t in originals]
+    combined = adasum.adasum(wires, lambda rows, part: allgather(rows, part, process_set),
+                             name or "HvdkerasAdasum", process_sets.view(process_set).size,
+                             float(prescale), float(postscale))
+    return [value.to(t.dtype) for value, t in zip(combined, originals)]
+
+
 def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       name: Optional[str] = None, op: Optional[int] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -48,7 +58,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
         tensors: CPU tensors (any shapes; the same on every rank).
         average: Deprecated spelling of `op` (True means Average).
         name: The name every rank gives this call (default: one per kind).
-        op: `hvdkeras.Average` (default), `Sum`, `Min`, `Max` or `Product`.
+        op: `hvdkeras.Average` (default), `Sum`, `Min`, `Max`, `Product` or
+            `Adasum` (floating tensors; see `hvdkeras/backends/adasum.py`).
         prescale_factor: Multiplies the inputs before the reduction.
         postscale_factor: Multiplies the results after it.
         compression: `hvdkeras.Compression.fp16` or `.bf16` sends floating
@@ -64,7 +75,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     total_a, total_b = hvd.grouped_allreduce([a, b], op=hvd.Sum)
     ```
     """
-    op = host.resolve_op(op, average, "torch")
+    op = host.resolve_op(op, average)
+    if op == Adasum:
+        return _adasum(tensors, name, prescale_factor, postscale_factor, compression,
+                       process_set)
     base = name or "HvdkerasGroupedAllreduce"
     originals = [_as_tensor(t) for t in tensors]
     wires = [_compress(t, compression) for t in originals]
