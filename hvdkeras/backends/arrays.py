@@ -81,3 +81,19 @@ def allgather(array, name: str = "hvdkeras_arrays_allgather",
 
     host.allgather([_host(inputs[0])], allocate, name, _set_id(process_set))
     return result[0]
+
+
+def alltoall(array, splits: Optional[Sequence[int]] = None,
+             name: str = "hvdkeras_arrays_alltoall",
+             process_set: Optional[ProcessSet] = None) -> Tuple[np.ndarray, List[int]]:
+    """Sends `splits[r]` rows to rank r (equal parts when None); returns the rows
+    received and how many came from each rank."""
+    inputs = _contiguous([np.atleast_1d(np.asarray(array))])
+    result: List[np.ndarray] = []
+
+    def allocate(shape: Tuple[int, ...]) -> int:
+        result.append(np.empty(shape, dtype=inputs[0].dtype))
+        return result[-1].ctypes.data
+
+    received = host.alltoall(_host(inputs[0]), splits, allocate, name, _set_id(process_set))
+    return result[0], received

@@ -26,7 +26,7 @@ BACKEND_PUBLIC: Dict[str, Dict[str, str]] = {
         **_VARIABLES,
     },
     "jax": {
-        **dict.fromkeys(_COLLECTIVES, "hvdkeras.backends.jax.collectives"),
+        **dict.fromkeys(_COLLECTIVES + ("alltoall",), "hvdkeras.backends.jax.collectives"),
         **_VARIABLES,
     },
 }

@@ -15,6 +15,24 @@ import jax  # noqa: E402  (after the skip: absent under the other backends)
 import jax.numpy as jnp  # noqa: E402
 
 
+def test_alltoall_uneven_splits_eagerly():
+    n, r = hvd.size(), hvd.rank()
+    splits = [k + 1 for k in range(n)]  # k+1 rows to rank k
+    rows = jnp.concatenate([jnp.full((k + 1, 2), 100 * r + k, jnp.int32) for k in range(n)])
+    got, received = hvd.alltoall(rows, splits=splits)
+    assert received.tolist() == [r + 1] * n
+    assert got.dtype == jnp.int32
+    assert got[:, 0].tolist() == [100 * k + r for k in range(n) for _ in range(r + 1)]
+    even, counts = hvd.alltoall(jnp.arange(2.0 * n) + 100 * r, name="alltoall.even")
+    assert counts.tolist() == [2] * n
+    assert even.tolist() == [100.0 * k + 2 * r + i for k in range(n) for i in (0, 1)]
+
+
+def test_alltoall_inside_jit_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="outside jax.jit"):
+        jax.jit(lambda x: hvd.alltoall(x)[0])(jnp.zeros(hvd.size()))
+
+
 def test_collectives_inside_jit():
     n, r = hvd.size(), hvd.rank()
 

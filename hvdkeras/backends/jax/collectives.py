@@ -7,12 +7,13 @@ What may import this module: the rest of `hvdkeras.backends`, the facade's dispa
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from hvdkeras.backends import adasum, host
+from hvdkeras.backends import adasum, arrays, host
 from hvdkeras.backends.jax import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
@@ -173,3 +174,29 @@ def reducescatter(tensor: Any, name: Optional[str] = None, op: int = Average,
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of the set has reached it."""
     host.barrier(set_id=_set_id(process_set))
+
+
+def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+             process_set: ProcessSet = global_process_set) -> Tuple[jax.Array, jax.Array]:
+    """Sends `splits[r]` rows to rank r (equal parts by default). Runs eagerly:
+    what a rank receives depends on the other ranks' splits, a shape `jax.jit`
+    must know when it compiles.
+
+    Returns:
+        (the received rows, the number received from each rank).
+
+    Example:
+
+    ```python
+    received, counts = hvd.alltoall(rows, splits=[1, 2])
+    ```
+    """
+    if isinstance(tensor, jax.core.Tracer) or isinstance(splits, jax.core.Tracer):
+        raise ValueError("hvdkeras.alltoall under JAX runs outside jax.jit: the rows a rank "
+                         "receives depend on the other ranks' splits, which jax.jit would need "
+                         "when it compiles. Call it eagerly, or use allgather inside jit.")
+    array = np.asarray(tensor)
+    split_list = None if splits is None else [int(s) for s in np.asarray(splits).tolist()]
+    output, received = arrays.alltoall(array, split_list, name or "HvdkerasAlltoall",
+                                       process_set)
+    return jnp.asarray(output), jnp.asarray(np.asarray(received, np.int32))
