@@ -25,14 +25,16 @@ from typing import Any, Iterable, Optional
 
 
 def exempt_from_program_order(op_types: Iterable[str]) -> bool:
-    """Keeps `tf.function` from chaining these stateful ops in program order
-    (see Note [stateful but unordered] in hvdkeras/engine/library.py).
+    """Keeps `tf.function` from chaining these stateful ops in program order,
+    while still running them when their results are unused (see Note
+    [stateful but unordered] in hvdkeras/engine/library.py).
 
     `tf.function` adds control dependencies between stateful ops in the order
     the Python code created them; collectives that ranks create in different
     orders would then deadlock, while the engine can negotiate any order.
     TensorFlow exempts its own collective ops through a module-level set in
-    `tensorflow.python.framework.auto_control_deps` (TF 2.16-2.21).
+    `tensorflow.python.framework.auto_control_deps` (TF 2.16-2.21); a second
+    set there names order-free ops that must run all the same.
 
     Returns:
         Whether the exemption took effect. If not (a TensorFlow that moved
@@ -51,6 +53,18 @@ def exempt_from_program_order(op_types: Iterable[str]) -> bool:
         return False
     auto_control_deps.ASYNC_STATEFUL_OPS = (
         frozenset(auto_control_deps.ASYNC_STATEFUL_OPS) | frozenset(op_types))
+    # Out of the chain, they would also leave the function's control outputs,
+    # so a collective whose result one rank ignores would be pruned on that
+    # rank alone; TensorFlow's set of order-free ops that must still run
+    # keeps them in.
+    if not hasattr(auto_control_deps, "MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS"):
+        warnings.warn("hvdkeras could not mark its collectives as must-run in this TensorFlow "
+                      "version; a collective whose result is unused inside a tf.function may "
+                      "be pruned.")
+        return False
+    auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
+        frozenset(auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS)
+        | frozenset(op_types))
     return True
 
 

@@ -36,6 +36,8 @@ _engine_cdll: Optional[ctypes.CDLL] = None
 # tf.function's automatic control dependencies: ranks may create them in
 # different orders, and the engine negotiates the order. TensorFlow's own
 # collective ops are exempted the same way (compat.exempt_from_program_order).
+# They must still run when a rank ignores their results (as in Horovod):
+# otherwise that rank alone would prune them and the others would wait for it.
 COLLECTIVE_OP_TYPES = frozenset(("HvdkerasAllreduce", "HvdkerasBroadcast", "HvdkerasAllgather",
                                  "HvdkerasReducescatter", "HvdkerasAlltoall"))
 

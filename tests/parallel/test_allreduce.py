@@ -336,6 +336,22 @@ def test_hundred_separate_allreduces_feed_outputs_and_consumers():
         assert_exact(consumed, np.full(3, want, np.float32), f"call {call} sum")
 
 
+def test_a_collective_whose_result_one_rank_ignores_runs_on_every_rank():
+    """Rank 0 returns the sum; the others trace the same collective but ignore
+    its result. It must run everywhere (as in Horovod), or rank 0 would wait for
+    ranks that pruned it; the others' own later collective checks they ran it."""
+    @tf.function
+    def step(x):
+        total = hvd.allreduce(x, op=hvd.Sum, name="ignored_by_some")
+        return total if WORLD_RANK == 0 else x * 2.0
+
+    got = step(tf.constant([1.0 + WORLD_RANK]))
+    want = [sum(1.0 + r for r in range(WORLD_SIZE))] if WORLD_RANK == 0 else [2.0 + 2 * WORLD_RANK]
+    assert_exact(got, np.array(want, np.float32))
+    after = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name="after_ignored")
+    assert_exact(after, np.array([float(WORLD_SIZE)], np.float32))
+
+
 def test_eager_allreduce_inside_a_py_function_of_a_function():
     """A py_function holds one of TensorFlow's inter-op threads while an eager
     allreduce inside it waits: that completion must not need the held pool."""
