@@ -116,9 +116,10 @@ def reduce_gradients(grads: List[Any], variables: Sequence[Any],
     out = list(grads)
     for k in local:
         if grads[k] is not None:
-            divisor = size if settings["scale_local_gradients"] else 1
-            if divisor != 1 or scale != 1.0:
-                out[k] = grads[k] * (scale / divisor)
+            if settings["scale_local_gradients"]:
+                out[k] = out[k] / size
+            if scale != 1.0:
+                out[k] = out[k] * scale
     factor = settings["gradient_predivide_factor"]
     op, pre, post = settings["op"], 1.0, scale
     if op == Average and factor != 1.0:

@@ -183,6 +183,21 @@ def test_adasum_optimizer_applies_the_combined_gradients():
     np.testing.assert_allclose(numpy(variable.value), -0.1 * numpy_adasum(grads), rtol=1e-5)
 
 
+def test_local_variables_keep_their_own_gradients():
+    """A registered local variable's gradient is not reduced; it is divided by the
+    number of ranks (scale_local_gradients, Horovod's default)."""
+    n, r = hvd.size(), hvd.rank()
+    shared = keras.Variable(np.zeros(2, np.float32))
+    local = keras.Variable(np.zeros(2, np.float32))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    optimizer.register_local_var(local)
+    grad = np.array([1.0 + r, 2.0], np.float32)
+    optimizer.apply([tensor(grad, "float32"), tensor(grad, "float32")], [shared, local])
+    mean = np.mean([[1.0 + k, 2.0] for k in range(n)], axis=0)
+    np.testing.assert_allclose(numpy(shared.value), -mean, rtol=1e-6)
+    np.testing.assert_allclose(numpy(local.value), -grad / n, rtol=1e-6)
+
+
 def test_bad_input_is_named_on_every_rank():
     with pytest.raises(TypeError, match="complex64"):
         hvd.allreduce(tensor(np.zeros(2, dtype=np.complex64)))
