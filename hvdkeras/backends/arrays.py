@@ -31,6 +31,18 @@ def _contiguous(arrays: Sequence) -> List[np.ndarray]:
     return [np.require(a, requirements="C") for a in arrays]  # keeps 0-d arrays 0-d
 
 
+def _outputs(dtype: np.dtype) -> Tuple[List[np.ndarray], host.Allocate]:
+    """Arrays the engine fills once negotiation decided their shapes, and the
+    allocator that makes them."""
+    result: List[np.ndarray] = []
+
+    def allocate(shape: Tuple[int, ...]) -> int:
+        result.append(np.empty(shape, dtype=dtype))
+        return result[-1].ctypes.data
+
+    return result, allocate
+
+
 def grouped_allreduce(arrays: Sequence, name: str = "hvdkeras_arrays_allreduce",
                       op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
                       process_set: Optional[ProcessSet] = None) -> List[np.ndarray]:
@@ -73,12 +85,7 @@ def allgather(array, name: str = "hvdkeras_arrays_allgather",
               process_set: Optional[ProcessSet] = None) -> np.ndarray:
     """Every rank's array, concatenated along the first dimension."""
     inputs = _contiguous([np.atleast_1d(np.asarray(array))])
-    result: List[np.ndarray] = []
-
-    def allocate(shape: Tuple[int, ...]) -> int:
-        result.append(np.empty(shape, dtype=inputs[0].dtype))
-        return result[-1].ctypes.data
-
+    result, allocate = _outputs(inputs[0].dtype)
     host.allgather([_host(inputs[0])], allocate, name, _set_id(process_set))
     return result[0]
 
@@ -89,11 +96,6 @@ def alltoall(array, splits: Optional[Sequence[int]] = None,
     """Sends `splits[r]` rows to rank r (equal parts when None); returns the rows
     received and how many came from each rank."""
     inputs = _contiguous([np.atleast_1d(np.asarray(array))])
-    result: List[np.ndarray] = []
-
-    def allocate(shape: Tuple[int, ...]) -> int:
-        result.append(np.empty(shape, dtype=inputs[0].dtype))
-        return result[-1].ctypes.data
-
+    result, allocate = _outputs(inputs[0].dtype)
     received = host.alltoall(_host(inputs[0]), splits, allocate, name, _set_id(process_set))
     return result[0], received

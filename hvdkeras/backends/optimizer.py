@@ -167,13 +167,9 @@ def _distributed_class(base: type) -> type:
     return derived
 
 
-def _check_passes(optimizer: keras.optimizers.Optimizer, passes: int,
-                  average_aggregated: bool) -> None:
-    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
-        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {passes!r}.")
-    if not isinstance(average_aggregated, bool):
-        raise TypeError("average_aggregated_gradients must be True or False, got "
-                        f"{average_aggregated!r}.")
+def _check_passes(optimizer: keras.optimizers.Optimizer, passes: int) -> None:
+    """What accumulation needs of the optimizer (the arguments' types and ranges
+    were checked by `hvdkeras.training.optimizer`, which dispatches here)."""
     if passes == 1:
         return
     if optimizer.gradient_accumulation_steps:
@@ -253,7 +249,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                              f"supported under the {frameworks.keras_backend()} backend yet; "
                              "leave it at "
                              f"{default!r} or train with KERAS_BACKEND=tensorflow.")
-    _check_passes(optimizer, backward_passes_per_step, average_aggregated_gradients)
+    _check_passes(optimizer, backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
                          f"takes op=hvdkeras.Average, Sum or Adasum, got {op!r}.")

@@ -320,6 +320,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     ```
     """
+    _check_arguments(backward_passes_per_step, average_aggregated_gradients)
     other = _other_backend()
     if other is not None:  # the same arguments, that backend's tensors
         return other.DistributedOptimizer(
@@ -345,7 +346,6 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     lso_class = keras.optimizers.LossScaleOptimizer
     if isinstance(optimizer, lso_class) and is_distributed(optimizer.inner_optimizer):
         raise ValueError(guards.NESTING_MESSAGE)
-    _check_arguments(backward_passes_per_step, average_aggregated_gradients)
     _check_zero_stage(zero_stage, op, process_set, optimizer)
     settings = ReductionSettings(
         op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
