@@ -5,11 +5,14 @@ CI leg that runs when the time budget allows (scripts/test.sh)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from mpi_runner import assert_every_rank_passed, run_pytest_under_mpi
+from mpi_runner import assert_every_rank_passed, describe, run_pytest_under_mpi, run_under_mpi
 from test_backends import PARALLEL, TIMEOUT, backend_env
 
+SCRIPTS = Path(__file__).parent / "scripts"
 COLLECTIVES = next(p for p in PARALLEL if p.name == "test_backend_collectives.py")
 
 pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow]
@@ -22,3 +25,16 @@ def test_backend_collectives_on_two_ranks(backend):
         2, COLLECTIVES, timeout=TIMEOUT, env=backend_env(backend),
         extra_args=["-rfE", "-W", "ignore::DeprecationWarning"])
     assert_every_rank_passed(2, result, reports)
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_init_and_collectives_leave_tensorflow_out(backend):
+    """Under the other backends a rank that initialises and reduces never
+    imports TensorFlow (its build flags come from a cached record)."""
+    result = run_under_mpi(2, [str(SCRIPTS / "backend_without_tf_job.py")], timeout=TIMEOUT,
+                           env=backend_env(backend))
+    assert result.returncode == 0, describe(result)
+    for rank, output in enumerate(result.ranks):
+        assert f"rank {rank} sum [3.0, 3.0, 3.0] tensorflow_imported False" in output.stdout, \
+            output.stdout + output.stderr

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from hvdkeras.engine import build, toolchain
+from hvdkeras.engine.file_lock import exclusive_lock
 
 
 def binding_path(framework: str, version: str) -> Path:
@@ -44,7 +45,7 @@ def ensure_binding(framework: str, version: str, include_dir: str) -> Path:
     final = binding_path(framework, version)
     if final.is_file():
         return final
-    with build.exclusive_lock(final.with_suffix(".lock")):
+    with exclusive_lock(final.with_suffix(".lock")):
         if final.is_file():
             return final
         descriptor, staged = tempfile.mkstemp(prefix=f".tmp-{final.name}-", dir=final.parent)

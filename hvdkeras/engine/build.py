@@ -12,9 +12,7 @@ What may import this module: the rest of ``hvdkeras.engine`` and the CLI.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import datetime
-import fcntl
 import json
 import os
 import shutil
@@ -23,9 +21,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 from hvdkeras.engine.cuda_build import GENERATED_SOURCES_NAME, kernel_sources_text
+from hvdkeras.engine.file_lock import exclusive_lock
 from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, core_library_name,
                                        CUDA_SUBDIR, LIBRARY_NAME, TF_SUBDIR, BuildError,
                                        build_inputs, cache_key, library_path,
@@ -223,18 +221,6 @@ def _write_build_info(directory: Path, inputs: dict, key: str, seconds: float) -
         "nccl": inputs.get("nccl_headers") or False,
     }
     (directory / BUILD_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if needed) for the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _install_directory(staged: Path, final: Path) -> None:

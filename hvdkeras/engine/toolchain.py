@@ -9,7 +9,8 @@ cache entry ``<cache_root>/ops/<key>/libhvdkeras_ops.so``
 (``hvdkeras.engine.build`` compiles into it).
 
 What may import this module: the rest of ``hvdkeras.engine`` and the CLI.
-It imports TensorFlow and mpi4py only inside the functions that need them.
+It imports mpi4py only inside the functions that need it, and never TensorFlow
+(`hvdkeras.engine.tf_flags` reads its flags).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvdkeras.engine import cuda_build
+from hvdkeras.engine import cuda_build, tf_flags
 
 LIBRARY_NAME = "libhvdkeras_ops.so"
 # Note [one engine, many bindings]
@@ -199,16 +200,14 @@ def _compiler_version(compiler: str | None) -> str | None:
 
 
 def _tensorflow_flags() -> tuple[str, list[str], list[str], dict, Path]:
-    """TensorFlow version, custom-op compile and link flags, build info, include dir."""
-    import tensorflow as tf  # lazy: seconds to import; only building needs its flags
-
-    return (
-        tf.__version__,
-        list(tf.sysconfig.get_compile_flags()),
-        list(tf.sysconfig.get_link_flags()),
-        dict(tf.sysconfig.get_build_info()),
-        Path(tf.sysconfig.get_include()),
-    )
+    """TensorFlow version, custom-op compile and link flags, build info, include dir
+    (without importing TensorFlow: Note [the engine without TensorFlow in the process])."""
+    try:
+        record = tf_flags.tensorflow_flags(cache_root() / "toolchain")
+    except tf_flags.TensorFlowMissing as exc:
+        raise BuildError(str(exc)) from exc
+    return (record["version"], record["compile_flags"], record["link_flags"],
+            record["build_info"], Path(record["include"]))
 
 
 def source_files(source_dir: Path) -> list[Path]:
@@ -243,7 +242,7 @@ def _xla_library(link_flags: list[str]) -> str:
 
 
 def build_inputs(source_dir: Path | None = None) -> dict:
-    """Everything that determines the compiled binary (imports TF and mpi4py)."""
+    """Everything that determines the compiled binary (imports mpi4py, not TensorFlow)."""
     source_dir = Path(source_dir) if source_dir else ops_source_dir()
     if not source_dir.is_dir():
         raise BuildError(f"op sources not found at {source_dir}")
