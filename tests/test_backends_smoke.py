@@ -30,11 +30,11 @@ def test_backend_collectives_on_two_ranks(backend):
 @pytest.mark.timeout(TIMEOUT + 60)
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_init_and_collectives_leave_tensorflow_out(backend):
-    """Under the other backends a rank that initialises and reduces never
-    imports TensorFlow (its build flags come from a cached record)."""
+    """Under the other backends a rank that initialises, pins (no GPU here)
+    and reduces never imports TensorFlow (its build flags come from a cached record)."""
     result = run_under_mpi(2, [str(SCRIPTS / "backend_without_tf_job.py")], timeout=TIMEOUT,
                            env=backend_env(backend))
     assert result.returncode == 0, describe(result)
     for rank, output in enumerate(result.ranks):
-        assert f"rank {rank} sum [3.0, 3.0, 3.0] tensorflow_imported False" in output.stdout, \
+        assert f"rank {rank} pinned None sum [3.0, 3.0, 3.0] tensorflow_imported False" in output.stdout, \
             output.stdout + output.stderr

@@ -10,6 +10,7 @@ What may import this module: the rest of `hvdkeras.engine` and everything above 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 TENSORFLOW = "tensorflow"
 JAX = "jax"
@@ -44,6 +45,29 @@ def set_thread_pools(backend: str, threads: int, warn: bool, spin: bool) -> None
     from hvdkeras.engine import tf_threads  # lazy: keeps this module import-light
 
     tf_threads.apply(threads, warn, spin=spin)
+
+
+def use_gpu(backend: str, index: int) -> Any:
+    """Makes the torch or jax framework of this process use visible GPU `index`
+    (TensorFlow's pinning is `hvdkeras.gpu.pin`'s own). Returns the device,
+    or None when the framework has no GPU support installed."""
+    if backend == TORCH:
+        import torch  # lazy: only under the PyTorch backend
+
+        if not torch.cuda.is_available():
+            return None
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if backend == JAX:
+        import jax  # lazy: only under the JAX backend
+
+        # Must come before JAX starts its GPU client (before any array exists).
+        jax.config.update("jax_cuda_visible_devices", str(index))
+        try:
+            return jax.devices("gpu")[0]
+        except RuntimeError:  # a CPU-only jaxlib
+            return None
+    raise ValueError(f"use_gpu is for the torch and jax backends, not {backend!r}")
 
 
 def sees_gpu(backend: str) -> bool:
