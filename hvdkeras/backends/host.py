@@ -59,15 +59,23 @@ def _check_op(op: int, what: str) -> None:
                          "Average, Min, Max or Product.")
 
 
+def submit_allreduce(inputs: Sequence[HostTensor], outputs: Sequence[int], name: str,
+                     op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
+                     set_id: int = 0, keep=None) -> requests.Pending:
+    """Starts reducing tensors of one dtype in one fused request into `outputs`
+    (addresses; an output may be its input); wait on the returned request."""
+    _check_op(op, "allreduce")
+    dtype = dtype_number(_one_dtype(inputs, "allreduce"), "allreduce", reducing=True)
+    process_sets.view_by_id(set_id)  # a clear error for a rank outside the set
+    return requests.submit(requests.ALLREDUCE, name, _buffers(inputs), outputs, dtype, op,
+                           prescale, postscale, process_set=set_id, keep=keep)
+
+
 def allreduce(inputs: Sequence[HostTensor], outputs: Sequence[int], name: str, op: int = Average,
               prescale: float = 1.0, postscale: float = 1.0, set_id: int = 0,
               keep=None) -> None:
     """Reduces tensors of one dtype in one fused request into `outputs` (addresses)."""
-    _check_op(op, "allreduce")
-    dtype = dtype_number(_one_dtype(inputs, "allreduce"), "allreduce", reducing=True)
-    process_sets.view_by_id(set_id)  # a clear error for a rank outside the set
-    with requests.run(requests.ALLREDUCE, name, _buffers(inputs), outputs, dtype, op, prescale,
-                      postscale, process_set=set_id, keep=keep):
+    with submit_allreduce(inputs, outputs, name, op, prescale, postscale, set_id, keep).wait():
         pass
 
 

@@ -29,7 +29,7 @@ import importlib
 import keras
 
 from hvdkeras import compat
-from hvdkeras.engine import frameworks, process_sets
+from hvdkeras.engine import config, frameworks, process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
 
@@ -49,14 +49,34 @@ class _TorchDistributedMixin:
         size when `scale_local_gradients=True`, as in Horovod)."""
         self._hvdkeras_local_ids.add(id(var))
 
+    def build(self, variables):
+        super().build(variables)
+        self._hvdkeras_hook_backward(list(variables))
+
+    def _hvdkeras_hook_backward(self, variables: List[Any]) -> None:
+        """Starts reducing during the backward pass where it applies (Note
+        [reductions during the backward pass])."""
+        if (self._hvdkeras_backward is None and variables
+                and frameworks.keras_backend() == frameworks.TORCH
+                and _backward_overlap().eligible(self._hvdkeras_settings,
+                                                 config.torch_backward_overlap())):
+            _untracked(self, "_hvdkeras_backward", _backward_overlap().BackwardReductions(
+                variables, self._hvdkeras_settings, self._hvdkeras_local_ids))
+
     def apply(self, grads, trainable_variables=None):
         if self._hvdkeras_settings["passes"] > 1:  # reduced on the update step
             return super().apply(grads, trainable_variables)
         grads = list(grads)
         variables = list(trainable_variables) if trainable_variables is not None else \
             list(getattr(self, "_trainable_variables", []))
-        return super().apply(reduce_gradients(grads, variables, self._hvdkeras_settings,
-                                              self._hvdkeras_local_ids), trainable_variables)
+        backward = self._hvdkeras_backward
+        reduced = backward.finish(grads, variables) if backward is not None else set()
+        rest = [None if k in reduced else g for k, g in enumerate(grads)]
+        rest = reduce_gradients(rest, variables, self._hvdkeras_settings, self._hvdkeras_local_ids)
+        if backward is None and self.built:  # built before it was distributed
+            self._hvdkeras_hook_backward(list(getattr(self, "_trainable_variables", [])))
+        return super().apply([grads[k] if k in reduced else g for k, g in enumerate(rest)],
+                             trainable_variables)
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         # The variables of the gradients `_clip_gradients` will see (set past
@@ -98,6 +118,11 @@ def _untracked(optimizer: Any, name: str, value: Any) -> None:
     variables set normally would join `optimizer.variables` (under JAX the
     step then receives, and donates, those buffers twice)."""
     object.__setattr__(optimizer, name, value)
+
+
+def _backward_overlap() -> Any:
+    # Lazy: imports torch, present only under that backend.
+    return importlib.import_module("hvdkeras.backends.torch.backward_overlap")
 
 
 def _grouped_allreduce():
@@ -268,5 +293,6 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         "passes": int(backward_passes_per_step),
         "average_aggregated": bool(average_aggregated_gradients)})
     _untracked(optimizer, "_hvdkeras_applying", None)
+    _untracked(optimizer, "_hvdkeras_backward", None)
     optimizer._hvdkeras_local_ids = set()
     return optimizer

@@ -40,6 +40,10 @@ ABORT_ON_ERROR = "HVDKERAS_ABORT_ON_ERROR"
 # see Note [collective gradient conventions] in hvdkeras/collectives/gradients.py.
 COLLECTIVE_GRADIENTS = "HVDKERAS_COLLECTIVE_GRADIENTS"
 COLLECTIVE_GRADIENT_CONVENTIONS = ("exact", "horovod")
+# Whether the torch backend's DistributedOptimizer reduces gradients while the
+# backward pass runs (default 1); see Note [reductions during the backward
+# pass] in hvdkeras/backends/torch/backward_overlap.py.
+TORCH_BACKWARD_OVERLAP = "HVDKERAS_TORCH_BACKWARD_OVERLAP"
 # Where rank 0 writes hvdkeras.elastic state commits (hvdkeras/training/elastic_state.py).
 ELASTIC_STATE_DIR = "HVDKERAS_ELASTIC_STATE_DIR"
 # The log level of `--log-level` (hvdkerasrun, hvdkeras): trace, debug, info,
@@ -219,6 +223,11 @@ def collective_gradients(env: Optional[Mapping[str, str]] = None) -> str:
         raise ValueError(f"{COLLECTIVE_GRADIENTS}={env.get(COLLECTIVE_GRADIENTS)!r}: use one of "
                          f"{', '.join(COLLECTIVE_GRADIENT_CONVENTIONS)}.")
     return value
+
+
+def torch_backward_overlap(env: Optional[Mapping[str, str]] = None) -> bool:
+    """`HVDKERAS_TORCH_BACKWARD_OVERLAP` (default on)."""
+    return parse_bool(os.environ if env is None else env, TORCH_BACKWARD_OVERLAP, default=True)
 
 
 def source_of(env: Mapping[str, str], key: str) -> str:

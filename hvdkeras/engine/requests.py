@@ -1,10 +1,12 @@
 """Collectives over host buffers, for the bindings that are not TensorFlow
 kernels (PyTorch's custom ops, NumPy arrays): submit one request to the
 engine through its C entry points (ops/core/c_requests.cc), wait for it
-with a bound, read what negotiation decided.
+with a bound, read what negotiation decided. `submit` returns at once and
+its `Pending.wait` later (the torch optimizer reduces gradients while the
+backward pass goes on: Note [reductions during the backward pass]).
 
-A request here is synchronous: `run` returns when every rank has done its
-part, so default names may repeat from one call to the next (Note
+`run` is synchronous: it returns when every rank has done its part, so
+default names may repeat from one call to the next (Note
 [collective names] in `hvdkeras.collectives.common`: the same holds for
 eager TensorFlow ops).
 
@@ -78,23 +80,59 @@ def _pointers(addresses: Sequence[int]) -> Any:
     return (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
 
 
-def run(kind: int, name: str, inputs: Sequence[Buffer], outputs: Optional[Sequence[int]],
-        dtype: int, op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
-        root: int = 0, splits: Sequence[int] = (), process_set: int = 0,
-        keep: Any = None) -> Finished:
-    """Runs one collective and returns it finished (release it when done).
+class Pending:
+    """A submitted request: `wait()` returns it finished (or raises)."""
+
+    def __init__(self, lib: ctypes.CDLL, request: int, kind: int, name: str, keep: Any):
+        self._lib = lib
+        self._request = request
+        self._kind = kind
+        self._name = name
+        self._keep = keep
+
+    def wait(self) -> Finished:
+        """Waits, with the stall bound plus a margin, and returns the request
+        finished (release it when done).
+
+        Raises:
+            RuntimeError: if the engine failed the op (the message names it),
+                or it did not finish within the bound.
+        """
+        error = ctypes.create_string_buffer(c_api.ERROR_CAPACITY)
+        stall = world.require().config.stall_shutdown_seconds
+        bound = stall + _MARGIN_SECONDS if stall > 0 else 1e9
+        outcome = self._lib.hvdkeras_request_wait(self._request, bound, error,
+                                                  c_api.ERROR_CAPACITY)
+        if outcome == _SUCCEEDED:
+            return Finished(self._lib, self._request)
+        what = f"hvdkeras {KIND_NAMES[self._kind]} '{self._name}'"
+        if outcome == _RUNNING:
+            _abandoned.append(self._keep)
+            raise RuntimeError(
+                f"{what} did not finish within {bound:.0f} s: some rank never submitted it "
+                "(HVDKERAS_STALL_SHUTDOWN_SECONDS sets the bound).")
+        self._lib.hvdkeras_request_release(self._request)
+        raise RuntimeError(f"{what} failed: {error.value.decode()}")
+
+
+def submit(kind: int, name: str, inputs: Sequence[Buffer], outputs: Optional[Sequence[int]],
+           dtype: int, op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
+           root: int = 0, splits: Sequence[int] = (), process_set: int = 0,
+           keep: Any = None) -> Pending:
+    """Hands one collective to the engine and returns at once; the buffers
+    must stay alive and untouched until `wait()` returns.
 
     Args:
         kind: `ALLREDUCE`, `BROADCAST`, ...
         name: The name every rank gives this call.
         inputs: The tensors, all of element type `dtype` (the engine's number).
-        outputs: Addresses of the caller's outputs (allreduce, broadcast);
-            None for the collectives whose output shape negotiation decides.
-        keep: Whatever owns the buffers: kept alive if the wait gives up.
+        outputs: Addresses of the caller's outputs (allreduce, broadcast; an
+            output may be its input: reduced in place); None for the
+            collectives whose output shape negotiation decides.
+        keep: Whatever owns the buffers: kept alive if a wait gives up.
 
     Raises:
-        RuntimeError: if the engine refused or failed the op (the message
-            names it), or it did not finish within the stall bound.
+        RuntimeError: if the engine refused the op (the message names it).
     """
     lib = library.engine_handle()
     error = ctypes.create_string_buffer(c_api.ERROR_CAPACITY)
@@ -109,15 +147,14 @@ def run(kind: int, name: str, inputs: Sequence[Buffer], outputs: Optional[Sequen
         error, c_api.ERROR_CAPACITY)
     if request == 0:
         raise RuntimeError(f"hvdkeras {KIND_NAMES[kind]} '{name}': {error.value.decode()}")
-    stall = world.require().config.stall_shutdown_seconds
-    bound = stall + _MARGIN_SECONDS if stall > 0 else 1e9
-    outcome = lib.hvdkeras_request_wait(request, bound, error, c_api.ERROR_CAPACITY)
-    if outcome == _SUCCEEDED:
-        return Finished(lib, request)
-    if outcome == _RUNNING:
-        _abandoned.append(keep)
-        raise RuntimeError(
-            f"hvdkeras {KIND_NAMES[kind]} '{name}' did not finish within {bound:.0f} s: some "
-            "rank never submitted it (HVDKERAS_STALL_SHUTDOWN_SECONDS sets the bound).")
-    lib.hvdkeras_request_release(request)
-    raise RuntimeError(f"hvdkeras {KIND_NAMES[kind]} '{name}' failed: {error.value.decode()}")
+    return Pending(lib, request, kind, name, keep)
+
+
+def run(kind: int, name: str, inputs: Sequence[Buffer], outputs: Optional[Sequence[int]],
+        dtype: int, op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
+        root: int = 0, splits: Sequence[int] = (), process_set: int = 0,
+        keep: Any = None) -> Finished:
+    """Runs one collective and returns it finished (release it when done);
+    `submit` then `wait`, with the same arguments and errors."""
+    return submit(kind, name, inputs, outputs, dtype, op, prescale, postscale, root, splits,
+                  process_set, keep).wait()
