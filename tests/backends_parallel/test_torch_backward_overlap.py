@@ -3,6 +3,8 @@
 every rank's own gradients, whichever way a gradient is reduced (by a hook,
 in a bucket sent at apply, or synchronously), and the refusals."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -155,3 +157,17 @@ def test_the_knob_turns_it_off(monkeypatch):
     before, expected = _weights(model), _mean_gradients(model)
     optimizer.apply(_backward(model), model.trainable_variables)
     _assert_stepped(model, before, expected)
+
+
+def test_compiled_train_step_keeps_the_hooks_out_of_the_graph():
+    model, optimizer = _model_and_optimizer()
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=True)  # torch.compile
+    x = np.random.default_rng(hvd.rank()).normal(size=(8, 3)).astype("float32")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, np.zeros((8, 2), "float32"), batch_size=4, epochs=1, verbose=0)
+    assert not [w for w in caught if "Dynamo" in str(w.message)]
+    assert optimizer._hvdkeras_backward.started_during_backward == 2
+    for weight in model.get_weights():
+        gathered = hvd.allgather(torch.from_numpy(weight[None]))
+        assert all(torch.equal(gathered[0], row) for row in gathered)

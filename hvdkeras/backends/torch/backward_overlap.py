@@ -153,6 +153,10 @@ class BackwardReductions:
                          for p in hooked]
 
     def _hook(self, position: int):
+        # Run as it is, never traced: under torch.compile (Keras's
+        # jit_compile) Dynamo would otherwise trace into the engine's ctypes
+        # calls, warn and break the graph there.
+        @torch.compiler.disable
         def ready(tensor: torch.Tensor) -> None:
             if _owners.get(id(tensor)) is self:
                 self._gradient_ready(position, tensor.grad)
@@ -189,6 +193,7 @@ class BackwardReductions:
         self._pending.append((pending, members, grads))
         self._started.add(bucket)
 
+    @torch.compiler.disable  # inside Keras's compiled step: run as it is (see _hook)
     def finish(self, grads: List[Any], variables: Sequence[Any]) -> Set[int]:
         """Sends the buckets some of whose gradients are ready, waits for every
         request of this step and returns the indices into `grads` that hold
