@@ -38,3 +38,14 @@ def test_init_and_collectives_leave_tensorflow_out(backend):
     for rank, output in enumerate(result.ranks):
         assert f"rank {rank} pinned None sum [3.0, 3.0, 3.0] tensorflow_imported False" in output.stdout, \
             output.stdout + output.stderr
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_torch_reduces_during_backward_across_hosts():
+    """`HVDKERAS_TORCH_BACKWARD_OVERLAP=auto` turns on with ranks on two
+    (simulated) hosts, and the results stay exact."""
+    overlap = next(p for p in PARALLEL if p.name == "test_torch_overlap_specific.py")
+    result, reports = run_pytest_under_mpi(
+        2, overlap, timeout=TIMEOUT, env=backend_env("torch"), hosts="h0:1,h1:1",
+        extra_args=["-rfE", "-W", "ignore::DeprecationWarning", "-k", "auto or bucket"])
+    assert_every_rank_passed(2, result, reports)

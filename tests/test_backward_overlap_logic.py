@@ -51,8 +51,10 @@ def test_which_settings_reduce_during_backward(change, expected):
     assert eligible({**PLAIN, **change}, enabled=False) is False
 
 
-def test_the_knob_defaults_on_and_takes_booleans():
-    assert config.torch_backward_overlap({}) is True
-    assert config.torch_backward_overlap({"HVDKERAS_TORCH_BACKWARD_OVERLAP": "0"}) is False
+def test_the_knob_defaults_to_auto_and_takes_booleans():
+    assert config.torch_backward_overlap({}) == "auto"
+    assert config.torch_backward_overlap({"HVDKERAS_TORCH_BACKWARD_OVERLAP": " Auto"}) == "auto"
+    assert config.torch_backward_overlap({"HVDKERAS_TORCH_BACKWARD_OVERLAP": "0"}) == "off"
+    assert config.torch_backward_overlap({"HVDKERAS_TORCH_BACKWARD_OVERLAP": "yes"}) == "on"
     with pytest.raises(ValueError, match="HVDKERAS_TORCH_BACKWARD_OVERLAP"):
         config.torch_backward_overlap({"HVDKERAS_TORCH_BACKWARD_OVERLAP": "maybe"})

@@ -29,7 +29,7 @@ import importlib
 import keras
 
 from hvdkeras import compat
-from hvdkeras.engine import config, frameworks, process_sets
+from hvdkeras.engine import config, frameworks, process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
 
@@ -58,8 +58,7 @@ class _TorchDistributedMixin:
         [reductions during the backward pass])."""
         if (self._hvdkeras_backward is None and variables
                 and frameworks.keras_backend() == frameworks.TORCH
-                and _backward_overlap().eligible(self._hvdkeras_settings,
-                                                 config.torch_backward_overlap())):
+                and _backward_overlap().eligible(self._hvdkeras_settings, _overlap_wanted())):
             _untracked(self, "_hvdkeras_backward", _backward_overlap().BackwardReductions(
                 variables, self._hvdkeras_settings, self._hvdkeras_local_ids))
 
@@ -118,6 +117,18 @@ def _untracked(optimizer: Any, name: str, value: Any) -> None:
     variables set normally would join `optimizer.variables` (under JAX the
     step then receives, and donates, those buffers twice)."""
     object.__setattr__(optimizer, name, value)
+
+
+def _overlap_wanted() -> bool:
+    """`HVDKERAS_TORCH_BACKWARD_OVERLAP`; "auto" means when the ranks span several
+    hosts: on one host the reduction is CPU work on the cores the backward pass
+    uses (measured in docs/backends.md). The same answer on every rank, as the
+    requests' names depend on it."""
+    mode = config.torch_backward_overlap()
+    if mode == "auto":
+        w = world.require()
+        return w.local_size < w.size
+    return mode == "on"
 
 
 def _backward_overlap() -> Any:

@@ -41,7 +41,8 @@ ABORT_ON_ERROR = "HVDKERAS_ABORT_ON_ERROR"
 COLLECTIVE_GRADIENTS = "HVDKERAS_COLLECTIVE_GRADIENTS"
 COLLECTIVE_GRADIENT_CONVENTIONS = ("exact", "horovod")
 # Whether the torch backend's DistributedOptimizer reduces gradients while the
-# backward pass runs (default 1); see Note [reductions during the backward
+# backward pass runs: auto (default: when the ranks span several hosts), 1
+# or 0; see Note [reductions during the backward
 # pass] in hvdkeras/backends/torch/backward_overlap.py.
 TORCH_BACKWARD_OVERLAP = "HVDKERAS_TORCH_BACKWARD_OVERLAP"
 # Where rank 0 writes hvdkeras.elastic state commits (hvdkeras/training/elastic_state.py).
@@ -225,9 +226,17 @@ def collective_gradients(env: Optional[Mapping[str, str]] = None) -> str:
     return value
 
 
-def torch_backward_overlap(env: Optional[Mapping[str, str]] = None) -> bool:
-    """`HVDKERAS_TORCH_BACKWARD_OVERLAP` (default on)."""
-    return parse_bool(os.environ if env is None else env, TORCH_BACKWARD_OVERLAP, default=True)
+def torch_backward_overlap(env: Optional[Mapping[str, str]] = None) -> str:
+    """`HVDKERAS_TORCH_BACKWARD_OVERLAP`: "auto" (default), "on" or "off"."""
+    env = os.environ if env is None else env
+    raw = env.get(TORCH_BACKWARD_OVERLAP, "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    try:
+        return "on" if parse_bool(env, TORCH_BACKWARD_OVERLAP) else "off"
+    except ValueError:
+        raise ValueError(f"{TORCH_BACKWARD_OVERLAP}={env[TORCH_BACKWARD_OVERLAP]!r}: use auto "
+                         "(the default), 1 (on) or 0 (off).") from None
 
 
 def source_of(env: Mapping[str, str], key: str) -> str:
