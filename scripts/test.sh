@@ -19,7 +19,8 @@ if [[ "${1:-}" == "--quick" ]]; then
   HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
     "$VENV/bin/python" -m pytest -q -x -p no:cacheprovider tests/parallel/test_allreduce.py \
     tests/parallel/test_broadcast.py tests/parallel/test_gather_scatter.py
-  "$VENV/bin/python" -m pytest -q -p no:cacheprovider -k torch tests/test_backends_smoke.py
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider -k "torch and on_two_ranks" \
+    tests/test_backends_smoke.py
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
     "tests/test_keras_mpi.py::test_keras_parallel_file[test_equivalence]" \
     "tests/test_keras_mpi.py::test_keras_parallel_file[test_zero_training]" \

@@ -18,12 +18,14 @@ from hvdkeras.engine import tf_flags, toolchain
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a Python subprocess (most import TensorFlow)
 def test_subprocess_probe_equals_the_imported_tensorflow():
     import tensorflow  # noqa: F401  (the in-process side of the comparison)
 
     assert tf_flags.probe_in_subprocess() == tf_flags._from_imported()
 
 
+@pytest.mark.slow  # a Python subprocess (most import TensorFlow)
 def test_record_is_written_once_and_reused_without_importing_tensorflow(tmp_path: Path):
     child = textwrap.dedent(f"""
         import sys
@@ -47,6 +49,7 @@ def test_record_is_written_once_and_reused_without_importing_tensorflow(tmp_path
     assert json.loads(records[0].read_text()) == tf_flags._from_imported()
 
 
+@pytest.mark.slow  # a Python subprocess (most import TensorFlow)
 def test_build_inputs_are_the_same_with_and_without_tensorflow_imported(tmp_path: Path):
     child = ("import json; from hvdkeras.engine import toolchain; "
              "print(json.dumps(toolchain.build_inputs(), sort_keys=True))")
@@ -68,6 +71,7 @@ def test_missing_tensorflow_is_a_clear_build_error(monkeypatch: pytest.MonkeyPat
         toolchain._tensorflow_flags()
 
 
+@pytest.mark.slow  # a Python subprocess (most import TensorFlow)
 def test_a_failing_probe_says_why(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(tf_flags, "_PROBE", "raise SystemExit('no TensorFlow here')")
     with pytest.raises(tf_flags.TensorFlowMissing, match="no TensorFlow here"):
