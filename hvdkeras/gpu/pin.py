@@ -97,7 +97,7 @@ def pin_gpu() -> Any:
     if unusable:
         warnings.warn(f"hvdkeras.pin_gpu(): the GPU collectives cannot use GPU {index}: "
                       f"{unusable}", RuntimeWarning, stacklevel=2)
-    physical = nvml.device_count() or len(gpus)
+    physical = nvml.device_count() or count
     visible = parse_visible_devices(setting, physical)
     _pinned_entry = visible[index] if index < len(visible) else None
     return device
