@@ -56,8 +56,10 @@ class _TorchDistributedMixin:
     def _hvdkeras_hook_backward(self, variables: List[Any]) -> None:
         """Starts reducing during the backward pass where it applies (Note
         [reductions during the backward pass])."""
-        if (self._hvdkeras_backward is None and variables
-                and frameworks.keras_backend() == frameworks.TORCH
+        if self._hvdkeras_backward_decided or not variables:
+            return
+        _untracked(self, "_hvdkeras_backward_decided", True)  # once, not every step
+        if (frameworks.keras_backend() == frameworks.TORCH
                 and _backward_overlap().eligible(self._hvdkeras_settings, _overlap_wanted())):
             _untracked(self, "_hvdkeras_backward", _backward_overlap().BackwardReductions(
                 variables, self._hvdkeras_settings, self._hvdkeras_local_ids))
@@ -72,7 +74,7 @@ class _TorchDistributedMixin:
         reduced = backward.finish(grads, variables) if backward is not None else set()
         rest = [None if k in reduced else g for k, g in enumerate(grads)]
         rest = reduce_gradients(rest, variables, self._hvdkeras_settings, self._hvdkeras_local_ids)
-        if backward is None and self.built:  # built before it was distributed
+        if self.built:  # built before it was distributed: hooked from the next step
             self._hvdkeras_hook_backward(list(getattr(self, "_trainable_variables", [])))
         return super().apply([grads[k] if k in reduced else g for k, g in enumerate(rest)],
                              trainable_variables)
@@ -305,5 +307,6 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         "average_aggregated": bool(average_aggregated_gradients)})
     _untracked(optimizer, "_hvdkeras_applying", None)
     _untracked(optimizer, "_hvdkeras_backward", None)
+    _untracked(optimizer, "_hvdkeras_backward_decided", False)
     optimizer._hvdkeras_local_ids = set()
     return optimizer

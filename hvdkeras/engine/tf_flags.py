@@ -36,13 +36,11 @@ _PROBE_SECONDS = 600
 _MARKER = "HVDKERAS_TF_FLAGS="
 # Files whose change means another TensorFlow build sits at the same place.
 _FINGERPRINT_FILES = ("__init__.py", "libtensorflow_framework.so.2", "libtensorflow_cc.so.2")
+# The child reads the flags with this module's own `_from_imported`.
 _PROBE = (
-    "import json, tensorflow as tf\n"
-    "s = tf.sysconfig\n"
-    "record = {'version': tf.__version__, 'compile_flags': list(s.get_compile_flags()),\n"
-    "          'link_flags': list(s.get_link_flags()), 'build_info': dict(s.get_build_info()),\n"
-    "          'include': s.get_include()}\n"
-    f"print({_MARKER!r} + json.dumps(record, default=str))\n"
+    "import json, tensorflow\n"
+    "from hvdkeras.engine import tf_flags\n"
+    f"print({_MARKER!r} + json.dumps(tf_flags._from_imported()))\n"
 )
 
 

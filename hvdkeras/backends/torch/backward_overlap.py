@@ -129,6 +129,7 @@ class BackwardReductions:
         self._settings = settings
         self._local_ids = local_ids
         self._variables = list(variables)
+        self._position_of = {id(v): p for p, v in enumerate(self._variables)}
         size = process_sets.view(settings["process_set"]).size
         op, pre, post = settings["op"], 1.0, 1.0
         factor = settings["gradient_predivide_factor"]
@@ -209,10 +210,9 @@ class BackwardReductions:
             with request.wait():
                 pass
             sent.update(zip(members, tensors))
-        position_of = {id(v): p for p, v in enumerate(self._variables)}
         done = set()
         for index, (grad, variable) in enumerate(zip(grads, variables)):
-            position = position_of.get(id(variable))
+            position = self._position_of.get(id(variable))
             if position is not None and grad is not None and sent.get(position) is grad:
                 done.add(index)
         return done
