@@ -22,7 +22,7 @@ to it under these backends).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import importlib
 
@@ -61,8 +61,10 @@ class _TorchDistributedMixin:
         _untracked(self, "_hvdkeras_backward_decided", True)  # once, not every step
         if (frameworks.keras_backend() == frameworks.TORCH
                 and _backward_overlap().eligible(self._hvdkeras_settings, _overlap_wanted())):
+            settings = self._hvdkeras_settings
+            scaling = reduction_scaling(settings, process_sets.view(settings["process_set"]).size)
             _untracked(self, "_hvdkeras_backward", _backward_overlap().BackwardReductions(
-                variables, self._hvdkeras_settings, self._hvdkeras_local_ids))
+                variables, settings, scaling, self._hvdkeras_local_ids))
 
     def apply(self, grads, trainable_variables=None):
         if self._hvdkeras_settings["passes"] > 1:  # reduced on the update step
@@ -143,6 +145,17 @@ def _grouped_allreduce():
     return importlib.import_module(f"hvdkeras.backends.{backend}.collectives").grouped_allreduce
 
 
+def reduction_scaling(settings: Dict[str, Any], size: int, scale: float = 1.0
+                      ) -> Tuple[int, float, float]:
+    """The engine's (op, prescale, postscale) for the optimizer's reduction:
+    `gradient_predivide_factor` f turns Average into a Sum of inputs times
+    1/f, then f/size; the result is multiplied by `scale`."""
+    factor = settings["gradient_predivide_factor"]
+    if settings["op"] == Average and factor != 1.0:
+        return Sum, 1.0 / factor, scale * factor / size
+    return settings["op"], 1.0, scale
+
+
 def reduce_gradients(grads: List[Any], variables: Sequence[Any],
                      settings: Dict[str, Any], local_ids: Set[int],
                      scale: float = 1.0) -> List[Any]:
@@ -158,10 +171,7 @@ def reduce_gradients(grads: List[Any], variables: Sequence[Any],
                 out[k] = out[k] / size
             if scale != 1.0:
                 out[k] = out[k] * scale
-    factor = settings["gradient_predivide_factor"]
-    op, pre, post = settings["op"], 1.0, scale
-    if op == Average and factor != 1.0:
-        op, pre, post = Sum, 1.0 / factor, scale * factor / size
+    op, pre, post = reduction_scaling(settings, size, scale)
     grouped_allreduce = _grouped_allreduce()
     for index, group in enumerate(_groups(present, variables, settings)):
         reduced = grouped_allreduce([grads[k] for k in group], name=f"{settings['name']}.{index}",

@@ -28,7 +28,9 @@ variable (Horovod's PyTorch optimizer does the same): accumulate with
 Only a plain Average or Sum of uncompressed gradients, one pass per update,
 is reduced this way (`eligible`); the other settings (groups, compression,
 Adasum, accumulation) reduce in `apply`, as under jax.
-`HVDKERAS_TORCH_BACKWARD_OVERLAP=0` turns it off.
+`HVDKERAS_TORCH_BACKWARD_OVERLAP` says when: `auto` (the default) with ranks
+on several hosts (on one host the reduction takes the backward pass's cores),
+`1` always, `0` never.
 
 What may import this module: `hvdkeras.backends.optimizer`.
 """
@@ -121,21 +123,19 @@ class BackwardReductions:
         variables: The variables the optimizer was built for (their order
             names the requests, identically on every rank).
         settings: The optimizer's settings.
+        scaling: The engine's (op, prescale, postscale) for the reduction
+            (`reduction_scaling` in `hvdkeras.backends.optimizer`).
         local_ids: `id()`s of the variables whose gradients stay local (read
             when a hook fires, so later registrations count).
     """
 
-    def __init__(self, variables: Sequence[Any], settings: Dict[str, Any], local_ids: Set[int]):
+    def __init__(self, variables: Sequence[Any], settings: Dict[str, Any],
+                 scaling: Tuple[int, float, float], local_ids: Set[int]):
         self._settings = settings
         self._local_ids = local_ids
         self._variables = list(variables)
         self._position_of = {id(v): p for p, v in enumerate(self._variables)}
-        size = process_sets.view(settings["process_set"]).size
-        op, pre, post = settings["op"], 1.0, 1.0
-        factor = settings["gradient_predivide_factor"]
-        if op == Average and factor != 1.0:
-            op, pre, post = Sum, 1.0 / factor, factor / size
-        self._op, self._pre, self._post = op, pre, post
+        self._op, self._pre, self._post = scaling
         self._set_id = process_sets.view(settings["process_set"]).set_id
         tensors = [getattr(v, "value", None) for v in self._variables]
         hooked = [p for p, t in enumerate(tensors)
@@ -150,8 +150,7 @@ class BackwardReductions:
         self.started_during_backward = 0  # requests a hook started (tests, stats)
         for p in hooked:
             _owners[id(tensors[p])] = self
-        self._handles = [tensors[p].register_post_accumulate_grad_hook(self._hook(p))
-                         for p in hooked]
+            tensors[p].register_post_accumulate_grad_hook(self._hook(p))
 
     def _hook(self, position: int):
         # Run as it is, never traced: under torch.compile (Keras's
@@ -216,9 +215,3 @@ class BackwardReductions:
             if position is not None and grad is not None and sent.get(position) is grad:
                 done.add(index)
         return done
-
-    def remove(self) -> None:
-        """Takes the hooks off the variables."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
