@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -63,6 +65,48 @@ Status WaitPolitely(MPI_Request* request, const std::function<Status()>& health)
   }
 }
 
+// Note [an abandoned negotiation keeps its buffer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MPI cannot cancel a collective. When a device error ends the wait above,
+// the status-bit allreduce stays in flight: the ranks that did enter it go
+// on sending their parts, and MPI's progress engine (run by any later MPI
+// call on any thread) writes them into this rank's buffer. Freeing that
+// buffer with the negotiation's locals corrupted the heap of the next
+// engine. So the request and its buffer move here, a list that outlives
+// every engine; each later negotiation drops the ones MPI has finished.
+struct AbandonedReduction {
+  MPI_Request request;
+  std::vector<uint64_t> buffer;  // moving a vector keeps its storage in place
+};
+
+std::mutex& AbandonedMutex() {
+  static std::mutex* mu = new std::mutex();  // never destroyed: see the Note
+  return *mu;
+}
+
+std::deque<AbandonedReduction>& Abandoned() {
+  static auto* list = new std::deque<AbandonedReduction>();
+  return *list;
+}
+
+void Abandon(MPI_Request request, std::vector<uint64_t>&& buffer) {
+  std::lock_guard<std::mutex> lock(AbandonedMutex());
+  Abandoned().push_back({request, std::move(buffer)});
+}
+
+void ReapAbandoned() {
+  std::lock_guard<std::mutex> lock(AbandonedMutex());
+  std::deque<AbandonedReduction>& list = Abandoned();
+  for (auto it = list.begin(); it != list.end();) {
+    int done = 0;
+    if (MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+      it = list.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 bool BitSet(const std::vector<uint64_t>& bits, size_t word, size_t bit) {
   return bits[word + bit / 64] & (uint64_t{1} << (bit % 64));
 }
@@ -113,11 +157,16 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
   for (uint64_t slot : invalid_slots_) {
     bits[valid + slot / 64] &= ~(uint64_t{1} << (slot % 64));
   }
+  ReapAbandoned();
   MPI_Request request;
   MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(bits.size()), MPI_UINT64_T, MPI_BAND,
                  mpi_->comm(), &request);
   agreement.error = WaitPolitely(&request, signals.health);
-  if (!agreement.error.ok()) return agreement;
+  if (!agreement.error.ok()) {
+    // Note [an abandoned negotiation keeps its buffer]
+    if (request != MPI_REQUEST_NULL) Abandon(request, std::move(bits));
+    return agreement;
+  }
   if (!(bits[0] & kNoShutdownRequest)) {
     agreement.shutdown = true;  // every rank leaves its loop here, together
     return agreement;

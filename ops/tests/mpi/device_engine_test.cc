@@ -17,7 +17,9 @@
 // * an error the communicator meets on its own ends the engine on every
 //   rank: the ops waiting fail with it;
 // * a rank whose first GPU batch holds only a joined rank's stand-ins uses
-//   the GPU it was pinned to.
+//   the GPU it was pinned to;
+// * a negotiation that a device error ended while other ranks were still
+//   on their way keeps its buffer for the bits they send later.
 // Driven by tests/test_device_collectives.py under mpiexec with 2 and 3 ranks.
 #include <mpi.h>
 
@@ -36,6 +38,7 @@
 #include "core/device.h"
 #include "core/engine.h"
 #include "core/engine_api.h"
+#include "core/negotiation.h"
 #include "core/scaling.h"
 #include "tests/harness.h"
 
@@ -514,4 +517,40 @@ TEST(AJoinedRanksFirstGpuBatchUsesItsPinnedGpu) {
   // Every rank (the joined one through its stand-ins) prepared GPU 1's lane.
   CHECK(Find("prepare 1 0") != std::string::npos);
   CHECK(TheDevice().DevicesUsed().count(1) == 1);
+}
+
+TEST(ANegotiationEndedByADeviceErrorKeepsItsBufferForTheLateRanks) {
+  // Rank 0's wait for the status bits ends at once on a device error while
+  // the other ranks are still on their way; they send their bits later.
+  // See Note [an abandoned negotiation keeps its buffer] in negotiation.cc.
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  hvdkeras::MpiContext mpi;
+  CHECK(mpi.Open(comm).ok());
+  hvdkeras::Negotiator negotiator;
+  negotiator.Reset(&mpi, Config());
+  const hvdkeras::PendingOps none;
+  hvdkeras::CycleSignals healthy, broken;
+  broken.health = [] { return Injected("the communicator"); };
+  constexpr uint64_t kPattern = 0x0123456789abcdefULL;
+  std::vector<std::vector<uint64_t>> probes;
+  if (Rank() == 0) {
+    CHECK(!negotiator.Negotiate(none, broken, std::chrono::steady_clock::now()).error.ok());
+    // Fresh allocations of every small size: had the buffer been freed, one
+    // of them takes its memory and the late bits land in it.
+    for (size_t words = 1; words <= 64; ++words) {
+      for (int copy = 0; copy < 4; ++copy) probes.emplace_back(words, kPattern);
+    }
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(negotiator.Negotiate(none, healthy, std::chrono::steady_clock::now()).error.ok());
+  }
+  MPI_Barrier(comm);  // rank 0's MPI progress completes the abandoned reduction
+  for (const std::vector<uint64_t>& probe : probes) {
+    for (uint64_t word : probe) CHECK_EQ(word, kPattern);
+  }
+  // The communicator stays consistent: a next round works on every rank.
+  CHECK(negotiator.Negotiate(none, healthy, std::chrono::steady_clock::now()).error.ok());
+  mpi.Close();
+  MPI_Comm_free(&comm);
 }
