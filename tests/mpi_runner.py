@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -198,7 +199,9 @@ def run_under_mpi(np: int, args: list[str], timeout: float = 240,
                                       **(env or {})})
         except AssertionError as timed_out:
             job = MpiResult(cmd, -1, "", rank_outputs(directory, np))
-            raise AssertionError(f"{timed_out}\n--- the ranks ---\n{tail(job.stdout)}") from None
+            raise AssertionError(f"{timed_out}\n--- the ranks ---\n{tail(job.stdout)}\n"
+                                 f"--- each rank's last error lines ---\n"
+                                 f"{error_lines(job.ranks)}") from None
         return MpiResult(result.args, result.returncode, result.stdout,
                          rank_outputs(directory, np))
 
@@ -209,10 +212,35 @@ def run_python(args: list[str], timeout: float = 240,
     return run_command([sys.executable, *args], timeout=timeout, env=env)
 
 
+# A glog line from TensorFlow or XLA ("E0000 00:00:... file.cc:52] ..."): its
+# start-up noise names errors too (a failed cuInit on a CPU machine).
+_GLOG_LINE = re.compile(r"^[IWEF]\d{4} ")
+_ERROR_WORDS = ("Error", "ERROR", "error:", "Traceback", "MPI_Abort", "Aborted", "Fatal")
+
+
+def error_lines(ranks: Sequence["RankOutput"], per_rank: int = 3) -> str:
+    """Each rank's last lines that name an error, one block per rank.
+
+    A failure message quotes the job's output tail, and tools that show
+    failures cut long messages in the middle: with many ranks the rank that
+    failed can fall into the cut. This summary goes last, so it survives.
+    """
+    blocks = []
+    for r, out in enumerate(ranks):
+        found = [line.strip()[:300] for line in out.text.splitlines()
+                 if any(w in line for w in _ERROR_WORDS) and not _GLOG_LINE.match(line)]
+        blocks.append(f"rank {r}: " + (" | ".join(found[-per_rank:]) if found else "(none)"))
+    return "\n".join(blocks)
+
+
 def describe(result: subprocess.CompletedProcess) -> str:
-    """A failure message: the command, its exit status and its output tail."""
-    return (f"exit status {result.returncode}: {' '.join(map(str, result.args))}\n"
+    """A failure message: the command, its exit status, its output tail and,
+    for an MPI job, each rank's last error lines (`error_lines`)."""
+    text = (f"exit status {result.returncode}: {' '.join(map(str, result.args))}\n"
             f"--- output tail ---\n{tail(result.stdout)}")
+    if isinstance(result, MpiResult):
+        text += f"\n--- each rank's last error lines ---\n{error_lines(result.ranks)}"
+    return text
 
 
 def run_pytest_under_mpi(np: int, test_file: Path, timeout: float, env: dict | None = None,
