@@ -22,6 +22,7 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   const int size = ctx.mpi.size();
   const int me = ctx.mpi.rank();
   std::vector<GatherPiece> pieces;
+  Status allocated;  // the first failure; see the Note below
   for (PendingOp* op : batch) {
     for (size_t t = 0; t < op->tensors.size(); ++t) {
       const TensorRef& ref = op->tensors[t];
@@ -31,8 +32,9 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
       const int64_t total_rows = std::accumulate(piece.rows.begin(), piece.rows.end(), int64_t{0});
       void* out = nullptr;
       Status s = ref.allocate_output(WithRows(ref.shape, total_rows), &out);
-      if (!s.ok()) return s;
-      piece.output = static_cast<char*>(out);
+      // Note [a failed output allocation still takes part] in collectives.h.
+      if (!s.ok() && allocated.ok()) allocated = s;
+      piece.output = s.ok() ? static_cast<char*>(out) : nullptr;
       pieces.push_back(std::move(piece));
     }
   }
@@ -44,13 +46,15 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   }
   const std::vector<int64_t> displs = Offsets(block);
 
+  const int64_t total = displs[size - 1] + block[size - 1];
   if (pieces.size() == 1) {  // gather straight into the output
     const GatherPiece& p = pieces[0];
+    char* into = p.output != nullptr ? p.output : ctx.buffer.Get(total);
     Activity mpi(ctx, batch, "MPI_ALLGATHER");
-    return ctx.mpi.Allgatherv(p.tensor->input, block[me], p.output, block, displs);
+    Status s = ctx.mpi.Allgatherv(p.tensor->input, block[me], into, block, displs);
+    return allocated.ok() ? s : allocated;
   }
 
-  const int64_t total = displs[size - 1] + block[size - 1];
   char* buffer = ctx.buffer.Get(total + block[me]);
   char* send = buffer + total;
   {
@@ -73,12 +77,14 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     int64_t offset = displs[r];
     for (size_t i = 0; i < pieces.size(); ++i) {
       const int64_t bytes = pieces[i].rows[r] * pieces[i].row_bytes;
-      std::memcpy(pieces[i].output + written[i], buffer + offset, bytes);
+      if (pieces[i].output != nullptr) {
+        std::memcpy(pieces[i].output + written[i], buffer + offset, bytes);
+      }
       written[i] += bytes;
       offset += bytes;
     }
   }
-  return Status::OK();
+  return allocated;
 }
 
 }  // namespace hvdkeras

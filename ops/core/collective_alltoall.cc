@@ -24,13 +24,20 @@ Status RunAlltoall(ExecContext& ctx, PendingOp* op) {
   const TensorRef& ref = op->tensors[0];
   const AlltoallCounts c = CountAlltoall(*op, ctx.mpi.size(), ctx.mpi.rank());
   void* out = nullptr;
-  Status s = ref.allocate_output(WithRows(ref.shape, c.recv_rows), &out);
-  if (!s.ok()) return s;
-  if (ref.receive_splits) ref.receive_splits(c.received);
+  const Status allocated = ref.allocate_output(WithRows(ref.shape, c.recv_rows), &out);
+  if (!allocated.ok()) {
+    // Note [a failed output allocation still takes part] in collectives.h.
+    int64_t total = 0;
+    for (int64_t bytes : c.recv_bytes) total += bytes;
+    out = ctx.buffer.Get(total);
+  } else if (ref.receive_splits) {
+    ref.receive_splits(c.received);
+  }
   const std::vector<PendingOp*> batch{op};
   Activity mpi(ctx, batch, "MPI_ALLTOALL");
-  return ctx.mpi.Alltoallv(ref.input, c.send_bytes, Offsets(c.send_bytes), out, c.recv_bytes,
-                           Offsets(c.recv_bytes));
+  Status s = ctx.mpi.Alltoallv(ref.input, c.send_bytes, Offsets(c.send_bytes), out,
+                               c.recv_bytes, Offsets(c.recv_bytes));
+  return allocated.ok() ? s : allocated;
 }
 
 }  // namespace hvdkeras

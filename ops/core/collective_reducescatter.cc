@@ -37,6 +37,7 @@ Status RunReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) 
   };
   std::vector<Piece> pieces;
   std::vector<int64_t> recv_counts(size, 0);  // elements each rank keeps
+  Status allocated;  // the first failure; see the Note below
   for (PendingOp* op : batch) {
     for (const TensorRef& ref : op->tensors) {
       Piece p{&ref, RowElements(ref.shape), std::vector<int64_t>(size),
@@ -52,8 +53,9 @@ Status RunReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) 
       out_shape[0] = p.rows[me];
       void* out = nullptr;
       Status s = ref.allocate_output(out_shape, &out);
-      if (!s.ok()) return s;
-      p.output = static_cast<char*>(out);
+      // Note [a failed output allocation still takes part] in collectives.h.
+      if (!s.ok() && allocated.ok()) allocated = s;
+      p.output = s.ok() ? static_cast<char*>(out) : nullptr;
       pieces.push_back(std::move(p));
     }
   }
@@ -86,10 +88,12 @@ Status RunReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) 
   int64_t offset = 0;
   for (const Piece& p : pieces) {
     const int64_t n = p.rows[me] * p.row_elements;
-    FinalizeCopy(dtype, recv + offset * element, p.output, n, divisor, first.postscale);
+    if (p.output != nullptr) {
+      FinalizeCopy(dtype, recv + offset * element, p.output, n, divisor, first.postscale);
+    }
     offset += n;
   }
-  return Status::OK();
+  return allocated;
 }
 
 }  // namespace hvdkeras

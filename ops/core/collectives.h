@@ -16,6 +16,17 @@
 
 namespace hvdkeras {
 
+// Note [a failed output allocation still takes part]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An output allocated once the shapes are agreed (allgather, alltoall,
+// reducescatter) can fail on one rank only: out of memory, or, under
+// jax.jit, a shape other than the one the compiled step planned. The other
+// ranks are then already in the data exchange, and a rank that returned
+// early would leave them waiting in MPI until the stall bound ends the
+// whole job. So a rank whose allocation failed still exchanges (receiving
+// into scratch memory) and reports its error afterwards: it fails, the
+// others finish.
+
 // A growable scratch buffer reused across cycles.
 class FusionBuffer {
  public:

@@ -87,7 +87,7 @@ ffi::Future Failed(const std::string& message) {
 
 ffi::Future Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
                        int32_t kind_number, int32_t dtype, int32_t reduce_op, double prescale,
-                       double postscale, int32_t root, int32_t process_set) {
+                       double postscale, int32_t root, int32_t process_set, int32_t parts) {
   using hvdkeras::OpType;
   const auto kind = static_cast<OpType>(kind_number);  // the numbering of core/common.h
   if (args.size() != rets.size()) return Failed("hvdkeras: one output per input expected");
@@ -148,6 +148,20 @@ ffi::Future Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::st
     case OpType::kAllgather:
       queued = hvdkeras::EnqueueAllgather(op_name, std::move(tensors), process_set, done);
       break;
+    case OpType::kAlltoall: {
+      // Inside jit only equal parts: every rank sends rows / parts to each
+      // rank of the set, so what it receives has the shape XLA planned
+      // (Python checked that the rows divide).
+      const hvdkeras::Shape shape = tensors.size() == 1 ? tensors.front().shape : hvdkeras::Shape{};
+      if (parts <= 0 || shape.empty() || shape[0] % parts != 0) {
+        return Failed("hvdkeras alltoall '" + op_name +
+                      "': inside jit it takes one tensor whose rows split evenly over the set");
+      }
+      std::vector<int64_t> splits(static_cast<size_t>(parts), shape[0] / parts);
+      queued = hvdkeras::EnqueueAlltoall(op_name, std::move(tensors.front()), std::move(splits),
+                                         process_set, done);
+      break;
+    }
     case OpType::kReducescatter:
       queued = hvdkeras::EnqueueReducescatter(op_name, std::move(tensors), op, prescale,
                                               postscale, process_set, done);
@@ -172,4 +186,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HvdkerasJaxCollective, Collective,
                                   .Attr<double>("prescale")
                                   .Attr<double>("postscale")
                                   .Attr<int32_t>("root")
-                                  .Attr<int32_t>("process_set"));
+                                  .Attr<int32_t>("process_set")
+                                  .Attr<int32_t>("parts"));

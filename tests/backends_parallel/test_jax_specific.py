@@ -28,9 +28,49 @@ def test_alltoall_uneven_splits_eagerly():
     assert even.tolist() == [100.0 * k + 2 * r + i for k in range(n) for i in (0, 1)]
 
 
-def test_alltoall_inside_jit_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="outside jax.jit"):
-        jax.jit(lambda x: hvd.alltoall(x)[0])(jnp.zeros(hvd.size()))
+def test_alltoall_inside_jit_sends_equal_parts_exactly():
+    n, r = hvd.size(), hvd.rank()
+
+    @jax.jit
+    def step(x):
+        return hvd.alltoall(x), hvd.alltoall(x * 10, splits=[2] * n, name="alltoall.given")
+
+    # Rank r sends rows [2k, 2k+2) to rank k: values 100 r + (row index).
+    rows = jnp.arange(2.0 * n) + 100 * r
+    (got, counts), (scaled, scaled_counts) = step(rows)
+    expected = [100.0 * k + 2 * r + i for k in range(n) for i in (0, 1)]
+    assert np.asarray(got).tolist() == expected
+    assert np.asarray(scaled).tolist() == [10 * v for v in expected]
+    assert np.asarray(counts).tolist() == np.asarray(scaled_counts).tolist() == [2] * n
+    assert got.dtype == jnp.float32 or got.dtype == jnp.float64
+    # The compiled step runs again under the same names.
+    assert np.asarray(step(rows)[0][0]).tolist() == expected
+
+
+def test_alltoall_gradient_inside_jit_goes_back_the_same_way():
+    n, r = hvd.size(), hvd.rank()
+
+    def loss(x):
+        received, _ = hvd.alltoall(x)
+        # Weight each received row by (this rank + 1) * (its position + 1).
+        return (received * (r + 1) * (jnp.arange(received.shape[0]) + 1.0)).sum()
+
+    g = jax.jit(jax.grad(loss))(jnp.ones(2 * n))
+    # My rows [2k, 2k+2) became rows [2r, 2r+2) of rank k's output.
+    assert np.asarray(g).tolist() == [float((k + 1) * (2 * r + i + 1))
+                                      for k in range(n) for i in (0, 1)]
+
+
+def test_alltoall_inside_jit_refuses_what_jit_cannot_shape():
+    n = hvd.size()
+    with pytest.raises(ValueError, match="split evenly"):
+        jax.jit(lambda x: hvd.alltoall(x)[0])(jnp.zeros(2 * n + 1))
+    if n > 1:
+        uneven = [2] + [1] * (n - 1)
+        with pytest.raises(ValueError, match="equal parts"):
+            jax.jit(lambda x: hvd.alltoall(x, splits=uneven)[0])(jnp.zeros(n + 1))
+    with pytest.raises(ValueError, match="known when the step compiles"):
+        jax.jit(lambda x, s: hvd.alltoall(x, splits=s)[0])(jnp.zeros(n), jnp.ones(n, jnp.int32))
 
 
 def test_collectives_inside_jit():
@@ -94,3 +134,30 @@ def test_uneven_rows_inside_jit_fail_on_every_rank_with_the_reason():
         jax.jit(lambda x: hvd.allgather(x))(jnp.ones((1 + r % 2, 2)) if hvd.size() > 1
                                              else jnp.ones((3, 2))[:0].reshape(-1, 5))
     hvd.barrier()
+
+
+def test_a_shape_only_some_ranks_planned_leaves_no_rank_waiting():
+    # Rank r passes (r + 1) rows per part: every rank receives the same total,
+    # which is the planned shape on the middle rank of an odd size only. The
+    # ranks whose output does not fit fail with the reason, the others finish
+    # (Note [a failed output allocation still takes part] in
+    # ops/core/collectives.h): before, a rank that fitted waited in MPI for
+    # the others until the stall bound ended the job.
+    n, r = hvd.size(), hvd.rank()
+    total = n * (n + 1) // 2
+    fits = (r + 1) * n == total
+    rows = jnp.arange(float((r + 1) * n)) + 100 * r
+    calls = {"allgather": lambda x: hvd.allgather(x, name="mismatch.gather"),
+             "alltoall": lambda x: hvd.alltoall(x, name="mismatch.alltoall")[0]}
+    for what, call in calls.items():
+        if fits:
+            got = np.asarray(jax.jit(call)(rows)).tolist()
+            if what == "allgather":
+                assert got == [100.0 * k + i for k in range(n) for i in range((k + 1) * n)]
+            else:
+                assert got == [100.0 * k + (k + 1) * r + i for k in range(n)
+                               for i in range(k + 1)]
+        else:
+            with pytest.raises(Exception, match="same rows"):
+                jax.block_until_ready(jax.jit(call)(rows))
+        hvd.barrier()

@@ -178,9 +178,18 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set) -> Tuple[jax.Array, jax.Array]:
-    """Sends `splits[r]` rows to rank r (equal parts by default). Runs eagerly:
-    what a rank receives depends on the other ranks' splits, a shape `jax.jit`
-    must know when it compiles.
+    """Sends `splits[r]` rows to rank r (equal parts by default).
+
+    Eagerly any splits work. Inside `jax.jit` the parts must be equal (no
+    `splits`, or equal ones) and every rank must pass the same number of
+    rows: the shape of what a rank receives is fixed when the step compiles.
+    Inside `jit` it is differentiable (the gradient goes back the same way).
+
+    Args:
+        tensor: The rows to send, split along the first dimension.
+        splits: How many rows go to each rank of the set, in rank order.
+        name: The name every rank gives this call.
+        process_set: The ranks taking part (default all).
 
     Returns:
         (the received rows, the number received from each rank).
@@ -191,12 +200,34 @@ def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None, name: Optional
     received, counts = hvd.alltoall(rows, splits=[1, 2])
     ```
     """
+    size = process_sets.view(process_set).size
     if isinstance(tensor, jax.core.Tracer) or isinstance(splits, jax.core.Tracer):
-        raise ValueError("hvdkeras.alltoall under JAX runs outside jax.jit: the rows a rank "
-                         "receives depend on the other ranks' splits, which jax.jit would need "
-                         "when it compiles. Call it eagerly, or use allgather inside jit.")
+        return _alltoall_inside_jit(tensor, splits, name, process_set, size)
     array = np.asarray(tensor)
     split_list = None if splits is None else [int(s) for s in np.asarray(splits).tolist()]
     output, received = arrays.alltoall(array, split_list, name or "HvdkerasAlltoall",
                                        process_set)
     return jnp.asarray(output), jnp.asarray(np.asarray(received, np.int32))
+
+
+def _alltoall_inside_jit(tensor: Any, splits: Any, name: Optional[str],
+                         process_set: ProcessSet, size: int) -> Tuple[jax.Array, jax.Array]:
+    array = jnp.asarray(tensor)
+    rows = array.shape[0] if array.ndim else 0
+    part = rows // size
+    if isinstance(splits, jax.core.Tracer):
+        raise ValueError("hvdkeras.alltoall inside jax.jit takes splits known when the step "
+                         "compiles (a list, not a traced array): what a rank receives must have "
+                         "a fixed shape. Call it eagerly for splits computed in the step.")
+    if array.ndim == 0 or rows % size:
+        raise ValueError(f"hvdkeras.alltoall inside jax.jit sends equal parts: the tensor's {rows} "
+                         f"rows must split evenly over the {size} ranks. Pad the rows, or call it "
+                         "eagerly with splits=.")
+    if splits is not None and [int(s) for s in np.asarray(splits).tolist()] != [part] * size:
+        raise ValueError(f"hvdkeras.alltoall inside jax.jit sends equal parts ({[part] * size} "
+                         f"here), not splits={list(np.asarray(splits).tolist())}: the shape a rank "
+                         "receives would depend on the other ranks' splits, which jax.jit needs "
+                         "when it compiles. Call it eagerly for uneven splits.")
+    base = ops.unique_name(name or "HvdkerasAlltoall", [array])
+    output = ops.alltoall_equal(array, base, _set_id(process_set))
+    return output, jnp.full((size,), part, jnp.int32)

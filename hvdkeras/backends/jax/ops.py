@@ -69,13 +69,13 @@ def _dtype(array, what: str, reducing: bool) -> int:
 
 def _call(kind: int, name: str, inputs: List, outputs: List[jax.ShapeDtypeStruct], dtype: int,
           op: int = Average, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-          set_id: int = 0) -> List:
+          set_id: int = 0, parts: int = 0) -> List:
     _register()
     call = jax.ffi.ffi_call(TARGET, outputs, has_side_effect=True, vmap_method="sequential")
     results = call(*inputs, name=name, kind=np.int32(kind), dtype=np.int32(dtype),
                    reduce_op=np.int32(op), prescale=np.float64(prescale),
                    postscale=np.float64(postscale), root=np.int32(root),
-                   process_set=np.int32(set_id))
+                   process_set=np.int32(set_id), parts=np.int32(parts))
     if not _tracing(inputs):
         jax.block_until_ready(results)  # eager calls finish before the next may reuse the name
     return list(results)
@@ -157,6 +157,28 @@ def _allgather_bwd(name, set_id, rows, cotangent):
 
 
 allgather.defvjp(_allgather_fwd, _allgather_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def alltoall_equal(array, name: str, set_id: int):
+    """Sends an equal part of the first dimension to every rank of the set (in
+    rank order) and receives theirs: the shape stays, as `jit` needs."""
+    size = process_sets.view_by_id(set_id).size
+    return _call(requests.ALLTOALL, name, [array], _like([array]),
+                 _dtype(array, "alltoall", False), set_id=set_id, parts=size)[0]
+
+
+def _alltoall_fwd(array, name, set_id):
+    return alltoall_equal(array, name, set_id), None
+
+
+def _alltoall_bwd(name, set_id, _, cotangent):
+    # Part k of the output came from rank k's part for this rank, so its
+    # gradient goes back the same way: the exchange is its own inverse.
+    return (alltoall_equal(cotangent, f"{name}_grad", set_id),)
+
+
+alltoall_equal.defvjp(_alltoall_fwd, _alltoall_bwd)
 
 
 def scattered_rows(rows: int, size: int, rank: int) -> int:
