@@ -388,6 +388,23 @@ def test_wheel_carries_op_sources(tmp_path: Path):
 
 
 @real_build
+def test_sources_changed_during_the_build_cache_nothing(tiny_tree: Path, cache_dir: Path,
+                                                         monkeypatch):
+    compile_for_real = build._compile_library
+
+    def compile_then_edit(inputs, source_dir, workdir, verbose):
+        library = compile_for_real(inputs, source_dir, workdir, verbose)
+        source = Path(source_dir) / "core" / "tiny.cc"
+        source.write_text(source.read_text() + "// edited during the build\n")
+        return library
+
+    monkeypatch.setattr(build, "_compile_library", compile_then_edit)
+    with pytest.raises(toolchain.BuildError, match="changed while the library was being built"):
+        build.ensure_built(source_dir=tiny_tree)
+    ops_dir = cache_dir / "ops"
+    assert not list(ops_dir.glob("*/*.so")) and not list(ops_dir.glob(".tmp-*"))
+
+
 def test_build_reuses_cache_and_rebuilds_on_source_change(tiny_tree: Path, cache_dir: Path):
     import tensorflow as tf
 

@@ -27,7 +27,7 @@ from hvdkeras.engine.file_lock import exclusive_lock
 from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, core_library_name,
                                        CUDA_SUBDIR, LIBRARY_NAME, TF_SUBDIR, BuildError,
                                        build_inputs, cache_key, library_path,
-                                       mpi_library_info, ops_source_dir)
+                                       mpi_library_info, ops_source_dir, source_hash)
 
 _ERROR_TAIL_CHARS = 4000
 
@@ -247,6 +247,14 @@ def _build_into_cache(inputs: dict, key: str, source_dir: Path, verbose: bool) -
     staged = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=final.parent))
     try:
         _compile_library(inputs, source_dir, staged, verbose)
+        # The key names the sources as they were before compiling; a library
+        # built while they changed may mix old and new files (and, cached
+        # under that key, fail at load with a missing symbol until removed).
+        if source_hash(source_dir) != inputs["source_hash"]:
+            raise BuildError(
+                f"the op sources under {source_dir} changed while the library was being built "
+                "(an edit or a checkout during the build), so it could mix old and new code; "
+                "nothing was cached. Run again once the sources are settled.")
         seconds = time.monotonic() - started
         _write_build_info(staged, inputs, key, seconds)
         staged.chmod(0o755)  # mkdtemp makes it private; the cache entry is not secret

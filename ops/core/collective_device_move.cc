@@ -92,7 +92,8 @@ Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch
     }
   }
   std::vector<char*> outputs;
-  s = ReceiveBuffers(ctx, tensors, shapes, &outputs);
+  Status allocated;  // Note [a failed output allocation still takes part]
+  s = ReceiveBuffers(ctx, tensors, shapes, &outputs, &allocated);
   if (!s.ok()) return s;
   std::vector<DeviceSegment> sends, recvs;
   std::vector<DeviceCopy> own;
@@ -122,7 +123,9 @@ Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch
     s = ctx.device_comm->Exchange(sends, recvs);
     if (!s.ok()) return s;
   }
-  return ReleaseStreams(ctx, batch);
+  // A failed allocation fails the batch; the executor then releases the
+  // streams (Executor::FinishFailedDeviceBatch).
+  return allocated.ok() ? ReleaseStreams(ctx, batch) : allocated;
 }
 
 Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op) {
@@ -137,10 +140,12 @@ Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op) {
   const std::vector<int64_t>& send_bytes = counts.send_bytes;
   const std::vector<int64_t>& recv_bytes = counts.recv_bytes;
   std::vector<char*> outputs;
-  s = ReceiveBuffers(ctx, {&ref}, {WithRows(ref.shape, counts.recv_rows)}, &outputs);
+  Status allocated;  // Note [a failed output allocation still takes part]
+  s = ReceiveBuffers(ctx, {&ref}, {WithRows(ref.shape, counts.recv_rows)}, &outputs,
+                     &allocated);
   if (!s.ok()) return s;
   char* output = outputs[0];
-  if (ref.receive_splits) ref.receive_splits(counts.received);
+  if (allocated.ok() && ref.receive_splits) ref.receive_splits(counts.received);
   s = WaitForNewOutputs(ctx, batch);
   if (!s.ok()) return s;
   const std::vector<int64_t> send_displs = Offsets(send_bytes);
@@ -165,7 +170,9 @@ Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op) {
     s = ctx.device_comm->Exchange(sends, recvs);
     if (!s.ok()) return s;
   }
-  return ReleaseStreams(ctx, batch);
+  // A failed allocation fails the batch; the executor then releases the
+  // streams (Executor::FinishFailedDeviceBatch).
+  return allocated.ok() ? ReleaseStreams(ctx, batch) : allocated;
 }
 
 }  // namespace hvdkeras

@@ -125,6 +125,7 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
   s = FusedBuffer(ctx, tensors, &plan, &buffer);
   if (!s.ok()) return s;
   std::vector<DeviceCopy> out;
+  Status allocated;  // Note [a failed output allocation still takes part]
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRef& t = *tensors[i];
     int64_t start = 0;
@@ -133,7 +134,10 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
     if (t.neutral) continue;  // a joined rank's stand-in keeps nothing
     void* output = nullptr;
     s = t.allocate_output(WithRows(t.shape, rows), &output);
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      if (allocated.ok()) allocated = s;
+      continue;
+    }
     const int64_t row_elements = RowBytes(t.shape, dtype) / element;
     if (rows * row_elements > 0) {
       out.push_back({buffer + plan.offsets[i] + start * row_elements * element, output,
@@ -148,7 +152,9 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
     s = ctx.device->CopyScaled(ctx.device_lane, dtype, out, 1.0);
     if (!s.ok()) return s;
   }
-  return ReleaseStreams(ctx, batch);
+  // A failed allocation fails the batch; the executor then releases the
+  // streams (Executor::FinishFailedDeviceBatch).
+  return allocated.ok() ? ReleaseStreams(ctx, batch) : allocated;
 }
 
 }  // namespace hvdkeras

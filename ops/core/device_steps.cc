@@ -88,29 +88,37 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
 }
 
 Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
-                      const std::vector<Shape>& shapes, std::vector<char*>* out) {
-  std::vector<int64_t> neutral_offsets(tensors.size(), 0);
-  int64_t neutral_bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!tensors[i]->neutral) continue;
-    neutral_offsets[i] = neutral_bytes;
-    neutral_bytes += NumElements(shapes[i]) * static_cast<int64_t>(DataTypeSize(tensors[i]->dtype));
-  }
-  void* scratch = nullptr;
-  if (neutral_bytes > 0) {
-    Status s = ctx.device->Scratch(ctx.device_lane, kNeutralSlot, neutral_bytes, &scratch);
-    if (!s.ok()) return s;
-  }
+                      const std::vector<Shape>& shapes, std::vector<char*>* out,
+                      Status* allocation) {
   out->assign(tensors.size(), nullptr);
+  std::vector<bool> in_scratch(tensors.size(), false);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i]->neutral) {
-      (*out)[i] = static_cast<char*>(scratch) + neutral_offsets[i];
+      in_scratch[i] = true;
       continue;
     }
     void* data = nullptr;
     Status s = tensors[i]->allocate_output(shapes[i], &data);
-    if (!s.ok()) return s;
-    (*out)[i] = static_cast<char*>(data);
+    if (s.ok()) {
+      (*out)[i] = static_cast<char*>(data);
+    } else {
+      in_scratch[i] = true;
+      if (allocation->ok()) *allocation = s;
+    }
+  }
+  std::vector<int64_t> offsets(tensors.size(), 0);
+  int64_t scratch_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!in_scratch[i]) continue;
+    offsets[i] = scratch_bytes;
+    scratch_bytes += NumElements(shapes[i]) * static_cast<int64_t>(DataTypeSize(tensors[i]->dtype));
+  }
+  if (scratch_bytes == 0) return Status::OK();
+  void* scratch = nullptr;
+  Status s = ctx.device->Scratch(ctx.device_lane, kNeutralSlot, scratch_bytes, &scratch);
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (in_scratch[i]) (*out)[i] = static_cast<char*>(scratch) + offsets[i];
   }
   return Status::OK();
 }

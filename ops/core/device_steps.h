@@ -50,9 +50,14 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
 
 // Where each tensor's received rows go: its output, allocated now by the
 // framework, or for a joined rank's stand-in (whose result is dropped) a
-// part of one device scratch buffer, taken once for the whole batch.
+// part of one device scratch buffer, taken once for the whole batch. An
+// output the framework failed to allocate also gets scratch, and the first
+// such failure goes to `allocation`: the caller still exchanges, then
+// returns it (Note [a failed output allocation still takes part] in
+// collectives.h). The returned status is the scratch memory's.
 Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
-                      const std::vector<Shape>& shapes, std::vector<char*>* out);
+                      const std::vector<Shape>& shapes, std::vector<char*>* out,
+                      Status* allocation);
 
 // The fused layout of `tensors` (each at a multiple of kDeviceAlignment)
 // and a device scratch buffer that holds it.

@@ -18,6 +18,8 @@
 //   rank: the ops waiting fail with it;
 // * a rank whose first GPU batch holds only a joined rank's stand-ins uses
 //   the GPU it was pinned to;
+// * an output allocation that fails on one rank only fails there, while
+//   the other ranks' exchange finishes with exact values;
 // * a negotiation that a device error ended while other ranks were still
 //   on their way keeps its buffer for the bits they send later.
 // Driven by tests/test_device_collectives.py under mpiexec with 2 and 3 ranks.
@@ -434,6 +436,38 @@ TEST(AFailedCommunicatorCallReleasesTheStreamsBeforeDone) {
 
 TEST(AFailedOutputAllocationReleasesTheStreamsBeforeDone) {
   FailsAfterQueueingAndReleasesFirst("allocate", true);
+}
+
+TEST(AnAllocationFailingOnOneRankLeavesNoRankWaiting) {
+  // Note [a failed output allocation still takes part] in core/collectives.h.
+  Engines engines;
+  const bool failing = Rank() == 0;
+  SetFailing("allocate", failing);
+  for (const bool gather : {true, false}) {
+    Op op;
+    const std::string name = gather ? "one.gather" : "one.alltoall";
+    TensorRef ref = op.Ref(Size() * 3, Rank() + 1.0f, FakeStream(5), /*lazy=*/true);
+    const Status queued =
+        gather ? hvdkeras::EnqueueAllgather(name, {ref}, 0, op.Done(name))
+               : hvdkeras::EnqueueAlltoall(name, ref, std::vector<int64_t>(Size(), 3), 0,
+                                           op.Done(name));
+    CHECK(queued.ok());
+    const Status s = op.Wait();
+    if (failing) {
+      CHECK(!s.ok());
+      CHECK(s.message.find("injected failure in an output allocation") != std::string::npos);
+    } else {
+      CHECK(s.ok());
+      // Every rank r sent 3 rows of (r + 1) to each rank (alltoall), or all
+      // of its rows (allgather): rank r's block holds r + 1.
+      const size_t block = gather ? static_cast<size_t>(Size() * 3) : 3;
+      CHECK_EQ(op.output.size(), block * Size());
+      for (size_t i = 0; i < op.output.size(); ++i) {
+        CHECK_EQ(op.output[i], static_cast<float>(i / block + 1));
+      }
+    }
+  }
+  SetFailing("allocate", false);
 }
 
 TEST(ASetUpFailureOnOneRankFailsEveryRankThenRecovers) {
