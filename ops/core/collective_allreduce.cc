@@ -86,30 +86,32 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
       block = ctx.blocks->Acquire(TensorBytes(t));
       t.output = block.get();
     }
-    Status s = EnsureOutput(t);
-    if (!s.ok()) return s;
+    const Status allocated = EnsureOutput(t);
+    // Note [a failed output allocation still takes part] in collectives.h.
+    char* out = allocated.ok() ? static_cast<char*>(t.output) : ctx.buffer.Get(TensorBytes(t));
+    Status s;
     if (shm) {
       Activity activity(ctx, batch, "SHM_ALLREDUCE");
-      s = ctx.shm->Run(static_cast<char*>(t.output), n, dtype, first.reduce_op, divisor,
-                       first.postscale, fill_single);
+      s = ctx.shm->Run(out, n, dtype, first.reduce_op, divisor, first.postscale, fill_single);
       if (!s.ok()) return s;
     } else {
-      const void* send = t.input == t.output ? nullptr : t.input;
+      const void* send = t.input == out ? nullptr : t.input;
       if (first.prescale != 1.0) {
         Activity scale(ctx, batch, "PRESCALE");
-        ScaleCopy(dtype, t.input, t.output, n, first.prescale);
+        ScaleCopy(dtype, t.input, out, n, first.prescale);
         send = nullptr;
       }
       {
         Activity mpi(ctx, batch, "MPI_ALLREDUCE");
-        s = ctx.mpi.Allreduce(send, t.output, n, dtype, first.reduce_op);
+        s = ctx.mpi.Allreduce(send, out, n, dtype, first.reduce_op);
         if (!s.ok()) return s;
       }
       if (finalize) {
         Activity scale(ctx, batch, "POSTSCALE");
-        FinalizeCopy(dtype, t.output, t.output, n, divisor, first.postscale);
+        FinalizeCopy(dtype, out, out, n, divisor, first.postscale);
       }
     }
+    if (!allocated.ok()) return allocated;
     return block ? t.adopt_output(block, block.get()) : Status::OK();
   }
 

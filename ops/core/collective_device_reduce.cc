@@ -53,9 +53,17 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
   const int divisor = Divisor(first, ctx.mpi.size());
   const bool finalize = divisor != 1 || first.postscale != 1.0;
+  std::vector<TensorRef*> tensors = TensorsOf(batch);
+  for (const TensorRef* t : tensors) {
+    // A binding's contract (every rank's alike): GPU allreduce outputs exist
+    // when the op is queued; none is allocated here.
+    if (!t->neutral && t->output == nullptr && TensorBytes(*t) > 0) {
+      return Status::Error(StatusCode::kInvalidArgument,
+                           "internal: a GPU allreduce tensor was queued without its output");
+    }
+  }
   Status s = WaitForInputs(ctx, batch);
   if (!s.ok()) return s;
-  std::vector<TensorRef*> tensors = TensorsOf(batch);
 
   // Every rank takes the same path (the lone or the fused one) from what all
   // agreed on, or their communicator calls would not match.

@@ -439,28 +439,46 @@ TEST(AFailedOutputAllocationReleasesTheStreamsBeforeDone) {
 }
 
 TEST(AnAllocationFailingOnOneRankLeavesNoRankWaiting) {
-  // Note [a failed output allocation still takes part] in core/collectives.h.
+  // Note [a failed output allocation still takes part] in core/collectives.h,
+  // on the GPU path (the stand-in device) and on the CPU one.
   Engines engines;
   const bool failing = Rank() == 0;
   SetFailing("allocate", failing);
-  for (const bool gather : {true, false}) {
-    Op op;
-    const std::string name = gather ? "one.gather" : "one.alltoall";
-    TensorRef ref = op.Ref(Size() * 3, Rank() + 1.0f, FakeStream(5), /*lazy=*/true);
-    const Status queued =
-        gather ? hvdkeras::EnqueueAllgather(name, {ref}, 0, op.Done(name))
-               : hvdkeras::EnqueueAlltoall(name, ref, std::vector<int64_t>(Size(), 3), 0,
+  for (const int device : {0, -1}) {
+    for (const std::string kind : {"gather", "alltoall", "reduce"}) {
+      Op op;
+      const std::string name = "one." + kind + "." + std::to_string(device);
+      // GPU allreduce outputs exist when queued (a binding's contract);
+      // everything else allocates its output once the shapes are agreed.
+      const bool lazy = device < 0 || kind != "reduce";
+      TensorRef ref = op.Ref(Size() * 3, Rank() + 1.0f, FakeStream(5), lazy);
+      ref.device = device;
+      Status queued;
+      if (kind == "gather") {
+        queued = hvdkeras::EnqueueAllgather(name, {ref}, 0, op.Done(name));
+      } else if (kind == "alltoall") {
+        queued = hvdkeras::EnqueueAlltoall(name, ref, std::vector<int64_t>(Size(), 3), 0,
                                            op.Done(name));
-    CHECK(queued.ok());
-    const Status s = op.Wait();
-    if (failing) {
-      CHECK(!s.ok());
-      CHECK(s.message.find("injected failure in an output allocation") != std::string::npos);
-    } else {
+      } else {
+        queued = hvdkeras::EnqueueAllreduce(name, {ref}, ReduceOp::kSum, 1.0, 1.0, 0,
+                                            op.Done(name));
+      }
+      CHECK(queued.ok());
+      const Status s = op.Wait();
+      if (failing && lazy) {
+        CHECK(!s.ok());
+        CHECK(s.message.find("injected failure in an output allocation") != std::string::npos);
+        continue;
+      }
       CHECK(s.ok());
+      if (kind == "reduce") {
+        CHECK_EQ(op.output.size(), static_cast<size_t>(Size() * 3));
+        for (float v : op.output) CHECK_EQ(v, RankSum());
+        continue;
+      }
       // Every rank r sent 3 rows of (r + 1) to each rank (alltoall), or all
       // of its rows (allgather): rank r's block holds r + 1.
-      const size_t block = gather ? static_cast<size_t>(Size() * 3) : 3;
+      const size_t block = kind == "gather" ? static_cast<size_t>(Size() * 3) : 3;
       CHECK_EQ(op.output.size(), block * Size());
       for (size_t i = 0; i < op.output.size(); ++i) {
         CHECK_EQ(op.output[i], static_cast<float>(i / block + 1));
