@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Dict
 
-_COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "reducescatter",
-                "barrier")
+_COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "grouped_allgather",
+                "reducescatter", "grouped_reducescatter", "barrier")
 _VARIABLES = {"broadcast_variables": "hvdkeras.backends.variables"}
 
 BACKEND_PUBLIC: Dict[str, Dict[str, str]] = {

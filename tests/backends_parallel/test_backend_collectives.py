@@ -112,6 +112,31 @@ def test_reducescatter_uneven_rows():
     np.testing.assert_array_equal(numpy(got), total[start:start + counts[r]])
 
 
+def test_grouped_allgather_and_reducescatter_mixed_dtypes():
+    n, r = hvd.size(), hvd.rank()
+    gathered = hvd.grouped_allgather([tensor(np.full((r + 1, 2), r), "int32"),
+                                      tensor(np.full((1,), r + 0.5), "float64")],
+                                     name="grouped.gather")
+    assert hvd.grouped_allgather.__module__.startswith("hvdkeras.backends.")
+    assert keras.backend.standardize_dtype(gathered[0].dtype) == "int32"
+    np.testing.assert_array_equal(numpy(gathered[0]),
+                                  np.concatenate([np.full((k + 1, 2), k) for k in range(n)]))
+    assert numpy(gathered[1]).tolist() == [k + 0.5 for k in range(n)]
+
+    rows = 2 * n + 1
+    base = np.arange(rows * 2, dtype=np.float64).reshape(rows, 2)
+    mine = hvd.grouped_reducescatter([tensor(base * (r + 1), "float32"),
+                                      tensor(np.arange(n) + r, "int32")],
+                                     op=hvd.Sum, postscale_factor=2.0, name="grouped.scatter")
+    counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    start = sum(counts[:r])
+    total = base * sum(k + 1 for k in range(n)) * 2
+    np.testing.assert_array_equal(numpy(mine[0]), total[start:start + counts[r]])
+    assert numpy(mine[1]).tolist() == [2 * sum(r + k for k in range(n))]
+    averaged = hvd.grouped_reducescatter([tensor(np.full((n,), float(r)), "float32")])
+    assert numpy(averaged[0]).tolist() == [sum(range(n)) / n]
+
+
 def test_variables_broadcast_from_the_root():
     r = hvd.rank()
     variables = [keras.Variable(np.full((2, 2), float(r)), dtype="float32"),

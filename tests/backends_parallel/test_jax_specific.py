@@ -97,6 +97,24 @@ def test_collectives_inside_jit():
     assert np.asarray(step(jnp.full((2,), float(r)))[0]).tolist() == [2 * s] * 2
 
 
+def test_grouped_allgather_and_reducescatter_inside_jit():
+    n, r = hvd.size(), hvd.rank()
+
+    @jax.jit
+    def step(x):
+        gathered = hvd.grouped_allgather([x, x.astype(jnp.int32)])
+        mine = hvd.grouped_reducescatter([jnp.tile(x[:1], (n,)), x], op=hvd.Sum)
+        return gathered, mine
+
+    (g_float, g_int), (m_tiled, m_x) = step(jnp.full((2,), float(r)))
+    everyone = [float(k) for k in range(n) for _ in range(2)]
+    assert np.asarray(g_float).tolist() == everyone
+    assert np.asarray(g_int).tolist() == [int(v) for v in everyone]
+    s = float(sum(range(n)))
+    assert np.asarray(m_tiled).tolist() == [s]
+    assert np.asarray(m_x).tolist() == [s] * (2 // n + (1 if r < 2 % n else 0))
+
+
 def test_gradients_through_custom_vjp_eagerly_and_jitted():
     n, r = hvd.size(), hvd.rank()
     total = sum(k + 1 for k in range(n))
