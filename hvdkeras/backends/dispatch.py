@@ -15,19 +15,21 @@ from __future__ import annotations
 
 from typing import Dict
 
-_COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "grouped_allgather",
-                "reducescatter", "grouped_reducescatter", "barrier")
-_VARIABLES = {"broadcast_variables": "hvdkeras.backends.variables"}
+_COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "reducescatter",
+                "barrier")
+_SHARED = {"broadcast_variables": "hvdkeras.backends.variables",
+           "grouped_allgather": "hvdkeras.backends.grouped",
+           "grouped_reducescatter": "hvdkeras.backends.grouped"}
 
 BACKEND_PUBLIC: Dict[str, Dict[str, str]] = {
     "torch": {
         **dict.fromkeys(_COLLECTIVES + ("broadcast_", "alltoall"),
                         "hvdkeras.backends.torch.collectives"),
-        **_VARIABLES,
+        **_SHARED,
     },
     "jax": {
         **dict.fromkeys(_COLLECTIVES + ("alltoall",), "hvdkeras.backends.jax.collectives"),
-        **_VARIABLES,
+        **_SHARED,
     },
 }
 

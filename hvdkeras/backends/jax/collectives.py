@@ -171,56 +171,6 @@ def reducescatter(tensor: Any, name: Optional[str] = None, op: int = Average,
                              _set_id(process_set))
 
 
-def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
-                      process_set: ProcessSet = global_process_set) -> List[jax.Array]:
-    """`allgather` of each array of a list (rows may differ per rank outside `jit`).
-
-    Args:
-        tensors: Tensors; each is gathered along its first dimension.
-        name: The name every rank gives this call (part i is `name.i`).
-        process_set: The ranks taking part (default all).
-
-    Returns:
-        The gathered tensors, in input order.
-
-    Example:
-
-    ```python
-    a, b = hvd.grouped_allgather([jnp.ones((2, 3)), jnp.zeros(1)])
-    ```
-    """
-    base = name or "HvdkerasGroupedAllgather"
-    return [allgather(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
-
-
-def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,
-                          op: int = Average, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0,
-                          process_set: ProcessSet = global_process_set) -> List[jax.Array]:
-    """`reducescatter` of each tensor of a list (each the same shape on every rank).
-
-    Args:
-        tensors: Tensors, at least 1-D.
-        name: The name every rank gives this call (part i is `name.i`).
-        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
-        prescale_factor: Multiplies the inputs before the reduction.
-        postscale_factor: Multiplies the results after it.
-        process_set: The ranks taking part (default all).
-
-    Returns:
-        This rank's rows of each reduced tensor, in input order.
-
-    Example:
-
-    ```python
-    a, b = hvd.grouped_reducescatter([jnp.ones(4), jnp.ones((6, 2))], op=hvd.Sum)
-    ```
-    """
-    base = name or "HvdkerasGroupedReducescatter"
-    return [reducescatter(t, f"{base}.{i}", op, prescale_factor, postscale_factor, process_set)
-            for i, t in enumerate(tensors)]
-
-
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of the set has reached it."""
     host.barrier(set_id=_set_id(process_set))
