@@ -22,7 +22,7 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   const int size = ctx.mpi.size();
   const int me = ctx.mpi.rank();
   std::vector<GatherPiece> pieces;
-  Status allocated;  // the first failure; see the Note below
+  Status allocated;  // the first failed allocation, returned after the exchange
   for (PendingOp* op : batch) {
     for (size_t t = 0; t < op->tensors.size(); ++t) {
       const TensorRef& ref = op->tensors[t];

@@ -37,7 +37,7 @@ Status RunReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) 
   };
   std::vector<Piece> pieces;
   std::vector<int64_t> recv_counts(size, 0);  // elements each rank keeps
-  Status allocated;  // the first failure; see the Note below
+  Status allocated;  // the first failed allocation, returned after the exchange
   for (PendingOp* op : batch) {
     for (const TensorRef& ref : op->tensors) {
       Piece p{&ref, RowElements(ref.shape), std::vector<int64_t>(size),
