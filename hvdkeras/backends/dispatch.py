@@ -8,7 +8,7 @@ themselves: `DistributedOptimizer` in `hvdkeras.training.optimizer`, which
 every caller reaches, recipes included). Pure data: importing it loads no
 framework.
 
-What may import this module: the facade.
+What may import this module: the facade, `hvdkeras.backends.grouped`.
 """
 
 from __future__ import annotations

@@ -14,15 +14,16 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, List, Optional, Sequence
 
+from hvdkeras.backends import dispatch
 from hvdkeras.engine import frameworks
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
 
 
 def _collective(name: str) -> Callable[..., Any]:
-    module = importlib.import_module(
-        f"hvdkeras.backends.{frameworks.keras_backend()}.collectives")
-    return getattr(module, name)
+    """The running backend's own `name` (where `dispatch` says it lives)."""
+    module = dispatch.BACKEND_PUBLIC[frameworks.keras_backend()][name]
+    return getattr(importlib.import_module(module), name)
 
 
 def _each_part(call: Callable[..., Any], tensors: Sequence[Any], name: Optional[str],

@@ -1,6 +1,7 @@
 #include "core/negotiation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -89,12 +90,18 @@ std::deque<AbandonedReduction>& Abandoned() {
   return *list;
 }
 
+// How many are listed: read without the lock, so a cycle with nothing to
+// reap (all but the rare ones after a device error) costs one atomic load.
+std::atomic<size_t> g_abandoned_count{0};
+
 void Abandon(MPI_Request request, std::vector<uint64_t>&& buffer) {
   std::lock_guard<std::mutex> lock(AbandonedMutex());
   Abandoned().push_back({request, std::move(buffer)});
+  g_abandoned_count.store(Abandoned().size());
 }
 
 void ReapAbandoned() {
+  if (g_abandoned_count.load() == 0) return;
   std::lock_guard<std::mutex> lock(AbandonedMutex());
   std::deque<AbandonedReduction>& list = Abandoned();
   for (auto it = list.begin(); it != list.end();) {
@@ -105,6 +112,7 @@ void ReapAbandoned() {
       ++it;
     }
   }
+  g_abandoned_count.store(list.size());
 }
 
 bool BitSet(const std::vector<uint64_t>& bits, size_t word, size_t bit) {
