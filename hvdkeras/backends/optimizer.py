@@ -66,12 +66,30 @@ class _TorchDistributedMixin:
             _untracked(self, "_hvdkeras_backward", _backward_overlap().BackwardReductions(
                 variables, settings, scaling, self._hvdkeras_local_ids))
 
-    def apply(self, grads, trainable_variables=None):
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        # Keras's JAX step calls this, not `apply`, and a LossScaleOptimizer's
+        # own version never reaches `apply`: reduce here, before its finite
+        # check, and let `apply` pass the reduced gradients on.
         if self._hvdkeras_settings["passes"] > 1:  # reduced on the update step
+            return super().stateless_apply(optimizer_variables, grads, trainable_variables)
+        reduced = reduce_gradients(list(grads), self._hvdkeras_variables(),
+                                   self._hvdkeras_settings, self._hvdkeras_local_ids)
+        _untracked(self, "_hvdkeras_reduced", True)
+        try:
+            return super().stateless_apply(optimizer_variables, reduced, trainable_variables)
+        finally:
+            _untracked(self, "_hvdkeras_reduced", False)
+
+    def _hvdkeras_variables(self) -> List[Any]:
+        """The model's variables the optimizer was built for, in order."""
+        return list(getattr(self, "_trainable_variables", []))
+
+    def apply(self, grads, trainable_variables=None):
+        if self._hvdkeras_settings["passes"] > 1 or self._hvdkeras_reduced:
             return super().apply(grads, trainable_variables)
         grads = list(grads)
         variables = list(trainable_variables) if trainable_variables is not None else \
-            list(getattr(self, "_trainable_variables", []))
+            self._hvdkeras_variables()
         backward = self._hvdkeras_backward
         reduced = backward.finish(grads, variables) if backward is not None else set()
         rest = [None if k in reduced else g for k, g in enumerate(grads)]
@@ -220,6 +238,13 @@ def _check_passes(optimizer: keras.optimizers.Optimizer, passes: int) -> None:
     were checked by `hvdkeras.training.optimizer`, which dispatches here)."""
     if passes == 1:
         return
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            f"backward_passes_per_step={passes} with a LossScaleOptimizer is not supported under "
+            f"the {frameworks.keras_backend()} backend: Keras's LossScaleOptimizer hands its "
+            "gradients to the inner optimizer, so the passes would not be accumulated. Give the "
+            "inner optimizer gradient_accumulation_steps= and reduce every pass (leave "
+            "backward_passes_per_step=1), or train without loss scaling.")
     if optimizer.gradient_accumulation_steps:
         raise ValueError(
             f"Optimizer {optimizer.name!r} already accumulates gradients "
@@ -316,6 +341,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         "passes": int(backward_passes_per_step),
         "average_aggregated": bool(average_aggregated_gradients)})
     _untracked(optimizer, "_hvdkeras_applying", None)
+    _untracked(optimizer, "_hvdkeras_reduced", False)
     _untracked(optimizer, "_hvdkeras_backward", None)
     _untracked(optimizer, "_hvdkeras_backward_decided", False)
     optimizer._hvdkeras_local_ids = set()

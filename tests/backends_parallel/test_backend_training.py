@@ -74,6 +74,22 @@ def test_fit_equals_one_process_on_the_global_batch(make_optimizer):
                                    keras.ops.convert_to_numpy(want), rtol=2e-5, atol=2e-6)
 
 
+def test_loss_scale_optimizer_inside_equals_one_process():
+    """A LossScaleOptimizer wrapped by DistributedOptimizer: under JAX Keras calls
+    its `stateless_apply`, which never reaches `apply`; the gradients must still
+    be averaged, so every rank ends where one process on the global batch does."""
+    def make():
+        return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+
+    model, _ = distributed(make())
+    expected = reference(make())
+    for got, want in zip(weights(model), weights(expected)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    for got, want in zip(model.optimizer.variables, expected.optimizer.variables):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got),
+                                   keras.ops.convert_to_numpy(want), rtol=2e-5, atol=2e-6)
+
+
 def test_gradient_groups_and_predivision_change_nothing():
     model, _ = distributed(keras.optimizers.Adam(0.01), num_groups=2,
                            gradient_predivide_factor=2.0)
@@ -138,6 +154,9 @@ def test_backward_passes_settings_are_checked():
     built.build([keras.Variable(np.zeros(2, "float32"))])
     with pytest.raises(ValueError, match="not built yet"):
         hvd.DistributedOptimizer(built, backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="LossScaleOptimizer"):
+        hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+                                 backward_passes_per_step=2)
     with pytest.raises(ValueError, match=">= 1"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
 
