@@ -30,8 +30,9 @@ ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.engine": {"hvdkeras.compat"},
     "hvdkeras.collectives": {"hvdkeras.engine", "hvdkeras.compat"},  # compat: XLA custom calls
     "hvdkeras.gpu": {"hvdkeras.engine"},
-    # The other Keras backends: beside collectives, on the engine's C entry points.
-    "hvdkeras.backends": {"hvdkeras.engine", "hvdkeras.compat"},
+    # The other Keras backends: beside collectives, on the engine's C entry points;
+    # their optimizer shards state with the sharded optimizer every backend shares.
+    "hvdkeras.backends": {"hvdkeras.engine", "hvdkeras.compat", "hvdkeras.sharding"},
     # Sharded optimizer state: below training (which wraps optimizers in it).
     "hvdkeras.sharding": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat"},
     "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat",

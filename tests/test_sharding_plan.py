@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from hvdkeras.sharding.plan import REPLICATED, plan_blocks, plan_owners, shard_bytes
+from hvdkeras.sharding.plan import REPLICATED, by_dtype, plan_blocks, plan_owners, shard_bytes
 
 
 def test_largest_first_on_the_least_loaded_rank():
@@ -50,3 +50,11 @@ def test_blocks_cover_each_position_once():
     listed = list(itertools.chain(*blocks.members))
     assert sorted(listed) == [0, 1, 2, 4, 5, 6]
     assert blocks.lengths == [sum(elements[p] for p in m) for m in blocks.members]
+
+
+def test_by_dtype_keeps_first_appearance_order():
+    dtypes = ["float32", "float16", "float32", "int32", "float16"]
+    assert by_dtype([0, 1, 2, 3, 4], dtypes.__getitem__) == {
+        "float32": [0, 2], "float16": [1, 4], "int32": [3]}
+    assert list(by_dtype([4, 3], dtypes.__getitem__)) == ["float16", "int32"]
+    assert by_dtype([], dtypes.__getitem__) == {}

@@ -5,15 +5,17 @@ backend listed below, `hvdkeras.<name>` is that backend's version (the same
 arguments, its own tensors); every other name, and every name under
 TensorFlow, comes from the modules the facade lists (some of which dispatch
 themselves: `DistributedOptimizer` in `hvdkeras.training.optimizer`, which
-every caller reaches, recipes included). Pure data: importing it loads no
-framework.
+every caller reaches, recipes included). Importing it loads no framework.
 
-What may import this module: the facade, `hvdkeras.backends.grouped`.
+What may import this module: the facade and the rest of `hvdkeras.backends`.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import importlib
+from typing import Any, Callable, Dict
+
+from hvdkeras.engine import frameworks
 
 _COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "reducescatter",
                 "barrier")
@@ -40,3 +42,15 @@ DISPATCHED = frozenset(name for table in BACKEND_PUBLIC.values() for name in tab
 def module_for(name: str, backend: str, default: str) -> str:
     """The module that defines public `name` under `backend`."""
     return BACKEND_PUBLIC.get(backend, {}).get(name, default)
+
+
+def backend_function(name: str) -> Callable[..., Any]:
+    """The running Keras backend's own collective `name` (torch or jax: where
+    the table above says it lives); its module is imported on first use."""
+    backend = frameworks.keras_backend()
+    try:
+        module = BACKEND_PUBLIC[backend][name]
+    except KeyError:
+        raise RuntimeError(f"hvdkeras has no {name!r} of its own under the {backend} "
+                           "backend.") from None
+    return getattr(importlib.import_module(module), name)

@@ -11,19 +11,11 @@ What may import this module: the facade's dispatch (`dispatch.py` names it).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, List, Optional, Sequence
 
 from hvdkeras.backends import dispatch
-from hvdkeras.engine import frameworks
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
-
-
-def _collective(name: str) -> Callable[..., Any]:
-    """The running backend's own `name` (where `dispatch` says it lives)."""
-    module = dispatch.BACKEND_PUBLIC[frameworks.keras_backend()][name]
-    return getattr(importlib.import_module(module), name)
 
 
 def _each_part(call: Callable[..., Any], tensors: Sequence[Any], name: Optional[str],
@@ -51,7 +43,7 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
     a, b = hvd.grouped_allgather([keras.ops.ones((2, 3)), keras.ops.zeros((1,))])
     ```
     """
-    return _each_part(_collective("allgather"), tensors, name, "HvdkerasGroupedAllgather",
+    return _each_part(dispatch.backend_function("allgather"), tensors, name, "HvdkerasGroupedAllgather",
                       process_set)
 
 
@@ -79,6 +71,6 @@ def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,
                                      op=hvd.Sum)
     ```
     """
-    return _each_part(_collective("reducescatter"), tensors, name,
+    return _each_part(dispatch.backend_function("reducescatter"), tensors, name,
                       "HvdkerasGroupedReducescatter", op, prescale_factor, postscale_factor,
                       process_set)

@@ -22,32 +22,27 @@ to it under these backends).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 import importlib
 
 import keras
 
 from hvdkeras import compat
+from hvdkeras.backends import sharded_optimizer
+from hvdkeras.backends.gradient_reduction import reduce_gradients, reduction_scaling
 from hvdkeras.engine import config, frameworks, process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
-
-_UNSUPPORTED = {
-    "zero_stage": 0,
-}
+from hvdkeras.sharding.checks import check_zero_stage
+from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, shard_holder
 
 
-class _TorchDistributedMixin:
+class _TorchDistributedMixin(AroundShardsMixin):
     """Methods placed in front of the user's optimizer class."""
 
     _hvdkeras_settings: Dict[str, Any]
     _hvdkeras_local_ids: Set[int]
-
-    def register_local_var(self, var) -> None:
-        """Keeps `var`'s gradient local (not reduced; divided by the process set's
-        size when `scale_local_gradients=True`, as in Horovod)."""
-        self._hvdkeras_local_ids.add(id(var))
 
     def build(self, variables):
         super().build(variables)
@@ -72,28 +67,45 @@ class _TorchDistributedMixin:
         # check, and let `apply` pass the reduced gradients on.
         if self._hvdkeras_settings["passes"] > 1:  # reduced on the update step
             return super().stateless_apply(optimizer_variables, grads, trainable_variables)
-        reduced = reduce_gradients(list(grads), self._hvdkeras_variables(),
-                                   self._hvdkeras_settings, self._hvdkeras_local_ids)
-        _untracked(self, "_hvdkeras_reduced", True)
-        try:
-            return super().stateless_apply(optimizer_variables, reduced, trainable_variables)
-        finally:
-            _untracked(self, "_hvdkeras_reduced", False)
+        with sharded_optimizer.step_scope(self):
+            reduced = self._hvdkeras_reduce(list(grads), self._hvdkeras_variables())
+            _untracked(self, "_hvdkeras_reduced", True)
+            try:
+                return super().stateless_apply(optimizer_variables, reduced, trainable_variables)
+            finally:
+                _untracked(self, "_hvdkeras_reduced", False)
 
     def _hvdkeras_variables(self) -> List[Any]:
         """The model's variables the optimizer was built for, in order."""
+        holder = shard_holder(self)
+        if holder is not None and holder.built:  # built on stand-ins
+            return list(holder._hvdkeras_shards.variables)
         return list(getattr(self, "_trainable_variables", []))
+
+    def _hvdkeras_reduce(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+        """The gradients to apply: averaged (or, with ZeRO stage 2, averaged
+        for this rank's own variables only)."""
+        holder = shard_holder(self)
+        if holder is None or holder._hvdkeras_shards.stage < 2:
+            return reduce_gradients(grads, variables, self._hvdkeras_settings,
+                                    self._hvdkeras_local_ids)
+        return sharded_optimizer.reduce_to_owners(grads, variables, self._hvdkeras_settings,
+                                                  self._hvdkeras_local_ids, holder,
+                                                  loss_scaled=holder is not self)
 
     def apply(self, grads, trainable_variables=None):
         if self._hvdkeras_settings["passes"] > 1 or self._hvdkeras_reduced:
             return super().apply(grads, trainable_variables)
-        grads = list(grads)
+        with sharded_optimizer.step_scope(self):
+            return self._hvdkeras_apply(list(grads), trainable_variables)
+
+    def _hvdkeras_apply(self, grads: List[Any], trainable_variables: Optional[Sequence[Any]]):
         variables = list(trainable_variables) if trainable_variables is not None else \
             self._hvdkeras_variables()
         backward = self._hvdkeras_backward
         reduced = backward.finish(grads, variables) if backward is not None else set()
         rest = [None if k in reduced else g for k, g in enumerate(grads)]
-        rest = reduce_gradients(rest, variables, self._hvdkeras_settings, self._hvdkeras_local_ids)
+        rest = self._hvdkeras_reduce(rest, variables)
         if self.built:  # built before it was distributed: hooked from the next step
             self._hvdkeras_hook_backward(list(getattr(self, "_trainable_variables", [])))
         return super().apply([grads[k] if k in reduced else g for k, g in enumerate(rest)],
@@ -158,67 +170,6 @@ def _backward_overlap() -> Any:
     return importlib.import_module("hvdkeras.backends.torch.backward_overlap")
 
 
-def _grouped_allreduce():
-    backend = frameworks.keras_backend()
-    return importlib.import_module(f"hvdkeras.backends.{backend}.collectives").grouped_allreduce
-
-
-def reduction_scaling(settings: Dict[str, Any], size: int, scale: float = 1.0
-                      ) -> Tuple[int, float, float]:
-    """The engine's (op, prescale, postscale) for the optimizer's reduction:
-    `gradient_predivide_factor` f turns Average into a Sum of inputs times
-    1/f, then f/size; the result is multiplied by `scale`."""
-    factor = settings["gradient_predivide_factor"]
-    if settings["op"] == Average and factor != 1.0:
-        return Sum, 1.0 / factor, scale * factor / size
-    return settings["op"], 1.0, scale
-
-
-def reduce_gradients(grads: List[Any], variables: Sequence[Any],
-                     settings: Dict[str, Any], local_ids: Set[int],
-                     scale: float = 1.0) -> List[Any]:
-    """The gradients averaged (or summed) over the process set, times `scale`;
-    None stays None."""
-    size = process_sets.view(settings["process_set"]).size
-    local = {k for k, v in enumerate(variables) if id(v) in local_ids} if local_ids else set()
-    present = [k for k, g in enumerate(grads) if g is not None and k not in local]
-    out = list(grads)
-    for k in local:
-        if grads[k] is not None:
-            if settings["scale_local_gradients"]:
-                out[k] = out[k] / size
-            if scale != 1.0:
-                out[k] = out[k] * scale
-    op, pre, post = reduction_scaling(settings, size, scale)
-    grouped_allreduce = _grouped_allreduce()
-    for index, group in enumerate(_groups(present, variables, settings)):
-        reduced = grouped_allreduce([grads[k] for k in group], name=f"{settings['name']}.{index}",
-                                    op=op, prescale_factor=pre, postscale_factor=post,
-                                    compression=settings["compression"],
-                                    process_set=settings["process_set"])
-        for k, value in zip(group, reduced):
-            out[k] = value
-    return out
-
-
-def _groups(present: List[int], variables: Sequence[Any], settings: Dict[str, Any]
-            ) -> List[List[int]]:
-    """Which gradients share a fused request: all, `num_groups` contiguous parts,
-    or the explicit `groups` of variables plus one group of the rest."""
-    if settings["groups"] is not None:
-        position = {id(v): k for k, v in enumerate(variables)}
-        chosen = [[position[id(v)] for v in group if position.get(id(v)) in present]
-                  for group in settings["groups"]]
-        listed = {k for group in chosen for k in group}
-        rest = [k for k in present if k not in listed]
-        return [g for g in chosen + [rest] if g]
-    parts = settings["num_groups"]
-    if parts and parts > 1 and present:
-        step = -(-len(present) // parts)
-        return [present[i:i + step] for i in range(0, len(present), step)]
-    return [present] if present else []
-
-
 _CLASSES: Dict[type, type] = {}
 
 
@@ -274,8 +225,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          zero_stage: int = 0) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer average gradients across all ranks (torch, jax).
 
-    The arguments are those of the TensorFlow backend's `DistributedOptimizer`;
-    `zero_stage` is TensorFlow-only for now and raises an error here.
+    The arguments are those of the TensorFlow backend's `DistributedOptimizer`.
 
     Args:
         optimizer: A `keras.optimizers.Optimizer` or a name such as `"adam"`.
@@ -296,6 +246,11 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         process_set: Reduce over this set's ranks only.
         scale_local_gradients: Divide the gradients of `register_local_var`
             variables by the set's size.
+        zero_stage: 1 keeps each variable's optimizer state on one rank (its
+            owner updates it and the weights are gathered back); 2 also sends
+            each owner only its own reduced gradients (a reduce-scatter). As
+            under TensorFlow (`docs/memory-scaling.md`); not with `use_ema`
+            or gradient accumulation here yet.
 
     Returns:
         The distributed optimizer (the same object, converted in place).
@@ -315,13 +270,9 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     if is_distributed(optimizer):
         raise ValueError(f"Optimizer {optimizer.name!r} is already distributed; wrap each "
                          "optimizer once.")
-    given = {"zero_stage": zero_stage, "backward_passes_per_step": backward_passes_per_step}
-    for argument, default in _UNSUPPORTED.items():
-        if given[argument] != default:
-            raise ValueError(f"DistributedOptimizer({argument}={given[argument]!r}) is not "
-                             f"supported under the {frameworks.keras_backend()} backend yet; "
-                             "leave it at "
-                             f"{default!r} or train with KERAS_BACKEND=tensorflow.")
+    check_zero_stage(zero_stage, op, process_set, optimizer)
+    if zero_stage:
+        sharded_optimizer.check_shardable(optimizer, backward_passes_per_step)
     _check_passes(optimizer, backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
@@ -331,9 +282,12 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     process_sets.view(process_set)  # a clear error for an unregistered set
     if backward_passes_per_step > 1:
         optimizer.gradient_accumulation_steps = backward_passes_per_step
+    name = name or f"{optimizer.name}_gradients"
+    if zero_stage:
+        sharded_optimizer.shard(optimizer, zero_stage, name, process_set)
     optimizer.__class__ = _distributed_class(type(optimizer))
     _untracked(optimizer, "_hvdkeras_settings", {
-        "name": name or f"{optimizer.name}_gradients", "compression": compression,
+        "name": name, "compression": compression, "zero_stage": int(zero_stage),
         "op": op, "gradient_predivide_factor": float(gradient_predivide_factor),
         "num_groups": int(num_groups), "groups": None if groups is None else
         [list(g) for g in groups], "process_set": process_set,

@@ -17,7 +17,7 @@ What may import this module: `hvdkeras.sharding`.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, Sequence
 
 import tensorflow as tf
 
@@ -26,16 +26,7 @@ from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.engine.types import Sum
-from hvdkeras.sharding.plan import Blocks, plan_blocks
-
-
-def _by_dtype(positions: Sequence[int], dtype_of: Callable[[int], tf.DType]
-              ) -> Dict[tf.DType, List[int]]:
-    """Positions grouped by dtype, groups in order of first appearance."""
-    groups: Dict[tf.DType, List[int]] = {}
-    for p in positions:
-        groups.setdefault(dtype_of(p), []).append(p)
-    return groups
+from hvdkeras.sharding.plan import Blocks, by_dtype, plan_blocks
 
 
 def _flat(tensor) -> tf.Tensor:
@@ -74,7 +65,7 @@ def reduce_scatter_to_owners(gradients: Dict[int, tf.Tensor], owners: Sequence[i
     """
     shapes = {p: g.shape for p, g in gradients.items()}
     result: Dict[int, tf.Tensor] = {}
-    groups = _by_dtype(sorted(gradients), lambda p: gradients[p].dtype)
+    groups = by_dtype(sorted(gradients), lambda p: gradients[p].dtype)
     for number, (dtype, positions) in enumerate(groups.items()):
         blocks = plan_blocks(positions, {p: shapes[p].num_elements() for p in positions},
                              owners, world_size)
@@ -131,7 +122,7 @@ def broadcast_from_owners(values: Dict[int, tf.Tensor], owners: Sequence[int], r
     result: Dict[int, tf.Tensor] = {}
     for owner in range(world_size):
         mine = [p for p in sorted(values) if owners[p] == owner]
-        groups = _by_dtype(mine, lambda p: values[p].dtype)
+        groups = by_dtype(mine, lambda p: values[p].dtype)
         for number, positions in enumerate(groups.values()):
             suffix = "" if number == 0 else f"_{number}"
             received = kernels.broadcast([values[p] for p in positions], owner,

@@ -25,7 +25,7 @@ What may import this module: anything in hvdkeras (it imports nothing of it).
 from __future__ import annotations
 
 import heapq
-from typing import AbstractSet, Dict, List, NamedTuple, Sequence
+from typing import AbstractSet, Any, Callable, Dict, List, NamedTuple, Sequence
 
 REPLICATED = -1
 """The owner of a variable that every rank updates itself (a local variable)."""
@@ -122,3 +122,15 @@ def plan_blocks(positions: Sequence[int], elements: Dict[int, int], owners: Sequ
         offsets.append(starts)
         lengths.append(total)
     return Blocks(members, offsets, lengths, max(lengths) if lengths else 0)
+
+
+def by_dtype(positions: Sequence[int], dtype_of: Callable[[int], Any]) -> Dict[Any, List[int]]:
+    """`positions` grouped by `dtype_of(position)`, groups in order of first
+    appearance (so the same on every rank for the same positions).
+
+    Example: `by_dtype([0, 1, 2], ["f4", "f2", "f4"].__getitem__) == {"f4": [0, 2], "f2": [1]}`.
+    """
+    groups: Dict[Any, List[int]] = {}
+    for p in positions:
+        groups.setdefault(dtype_of(p), []).append(p)
+    return groups

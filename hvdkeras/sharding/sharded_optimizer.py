@@ -61,6 +61,10 @@ class ShardedOptimizerMixin:
             super().apply(own_grads, own_vars)
         else:
             self._hvdkeras_step_without_variables()
+        self._hvdkeras_after_update()
+
+    def _hvdkeras_after_update(self) -> None:
+        """Shares the updated weights (on update steps, when Keras accumulates)."""
         if self.gradient_accumulation_steps and not self.use_ema:
             steps = self.gradient_accumulation_steps
             tf.cond(tf.equal(self._iterations % steps, 0),
@@ -104,20 +108,26 @@ class ShardedOptimizerMixin:
         # The norm of every rank's gradients together: owners' partial sums
         # of squares, summed across ranks, plus this rank's local ones.
         flags = state.applying_replicated
-        dtype = tf.float32
-        sharded = [tf.reduce_sum(tf.square(tf.cast(g, dtype)))
-                   for g, local in zip(grads, flags) if g is not None and not local]
-        local = [tf.reduce_sum(tf.square(tf.cast(g, dtype)))
-                 for g, is_local in zip(grads, flags) if g is not None and is_local]
-        partial = tf.add_n(sharded) if sharded else tf.zeros([], dtype)
-        total = grouped_allreduce([tf.reshape(partial, [1])], name=f"{state.name}_global_norm",
-                                  op=Sum, process_set=state.process_set)[0][0]
-        if local:
-            total = total + tf.add_n(local)
-        norm = tf.sqrt(total)
-        clip = tf.cast(self.global_clipnorm, dtype)
-        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
-        return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+        squares = [(keras.ops.sum(keras.ops.square(keras.ops.cast(g, "float32"))), is_local)
+                   for g, is_local in zip(grads, flags) if g is not None]
+        partial = keras.ops.zeros([1], "float32")
+        for value, is_local in squares:
+            if not is_local:
+                partial = partial + value
+        total = self._hvdkeras_sum_across(partial, f"{state.name}_global_norm")[0]
+        for value, is_local in squares:
+            if is_local:
+                total = total + value
+        norm = keras.ops.sqrt(total)
+        clip = keras.ops.cast(self.global_clipnorm, "float32")
+        # Keras's clip_by_global_norm: NaN for a non-finite norm.
+        scale = clip * keras.ops.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+        return [None if g is None else g * keras.ops.cast(scale, g.dtype) for g in grads]
+
+    def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
+        """`value` summed over the ranks that share the state."""
+        return grouped_allreduce([value], name=name, op=Sum,
+                                 process_set=self._hvdkeras_shards.process_set)[0]
 
     def finalize_variable_values(self, var_list):
         if self.use_ema:
@@ -198,6 +208,34 @@ def everywhere_variables(optimizer: Any) -> List[Any]:
     state = holder._hvdkeras_shards
     sharded = {id(v) for i, v in enumerate(holder.variables) if not state.is_everywhere(i)}
     return [v for v in variables if id(v) not in sharded]
+
+
+class AroundShardsMixin:
+    """Methods of a distributed optimizer whose slots may be sharded in itself
+    or in the inner optimizer of a LossScaleOptimizer it wraps (every backend)."""
+
+    _hvdkeras_local_ids: set
+
+    def register_local_var(self, var) -> None:
+        """Keeps `var`'s gradient local: it is not reduced across ranks
+        (and is divided by the process set's size when the optimizer was
+        made with `scale_local_gradients=True`, as in Horovod)."""
+        self._hvdkeras_local_ids.add(id(var))
+        holder = shard_holder(self)
+        if holder is not None:  # every rank keeps its own state for it
+            holder._hvdkeras_shards.replicated_ids.add(id(var))
+
+    def save_own_variables(self, store):
+        holder = shard_holder(self)
+        if holder is None or holder is self or not holder.built:
+            return super().save_own_variables(store)
+        save_sharded(holder, self.variables, store)  # a loss-scale optimizer around the shards
+
+    def load_own_variables(self, store):
+        holder = shard_holder(self)
+        if holder is None or holder is self or not holder.built \
+                or not load_sharded(holder, self.variables, store):
+            super().load_own_variables(store)
 
 
 _SHARDED_CLASSES: Dict[type, type] = {}

@@ -28,9 +28,9 @@ from hvdkeras import compat
 from hvdkeras.collectives.common import fixed_collective_names
 from hvdkeras.engine import frameworks, process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-from hvdkeras.engine.types import Adasum, Average
-from hvdkeras.sharding.sharded_optimizer import (load_sharded, save_sharded, sharded_class,
-                                                 shard_holder)
+from hvdkeras.engine.types import Average
+from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, sharded_class, shard_holder
+from hvdkeras.sharding.checks import check_zero_stage
 from hvdkeras.sharding.state import ShardState
 from hvdkeras.training import guards
 from hvdkeras.collectives.compression import Compression, Compressor
@@ -39,33 +39,12 @@ from hvdkeras.training.local_accumulation import LocalGradientAccumulator
 from hvdkeras.training.sharded_reduction import reduce_to_owners
 
 
-class _DistributedOptimizerMixin:
+class _DistributedOptimizerMixin(AroundShardsMixin):
     """Methods placed in front of the user's optimizer class."""
 
     _hvdkeras_reduction: ReductionSettings
     _hvdkeras_accumulator: Optional[LocalGradientAccumulator]
     _hvdkeras_local_ids: Set[int]
-
-    def register_local_var(self, var) -> None:
-        """Keeps `var`'s gradient local: it is not reduced across ranks
-        (and is divided by the process set's size when the optimizer was
-        made with `scale_local_gradients=True`, as in Horovod)."""
-        self._hvdkeras_local_ids.add(id(var))
-        holder = shard_holder(self)
-        if holder is not None:  # every rank keeps its own state for it
-            holder._hvdkeras_shards.replicated_ids.add(id(var))
-
-    def save_own_variables(self, store):
-        holder = shard_holder(self)
-        if holder is None or holder is self or not holder.built:
-            return super().save_own_variables(store)
-        save_sharded(holder, self.variables, store)  # a loss-scale optimizer around the shards
-
-    def load_own_variables(self, store):
-        holder = shard_holder(self)
-        if holder is None or holder is self or not holder.built \
-                or not load_sharded(holder, self.variables, store):
-            super().load_own_variables(store)
 
     def _hvdkeras_variables(self) -> list:
         """The variables the optimizer was built for."""
@@ -200,28 +179,6 @@ def _check_arguments(backward_passes_per_step: int, average_aggregated_gradients
         )
 
 
-def _check_zero_stage(zero_stage: int, op: int, process_set: ProcessSet, optimizer: Any) -> None:
-    if zero_stage not in (0, 1, 2) or isinstance(zero_stage, bool):
-        raise ValueError(f"zero_stage must be 0, 1 or 2, got {zero_stage!r}.")
-    if not zero_stage:
-        return
-    if op == Adasum:
-        raise ValueError("zero_stage=1 or 2 needs op=hvdkeras.Average or Sum: Adasum combines "
-                         "whole gradients and cannot be split by owner. Use zero_stage=0.")
-    if process_set is not global_process_set:
-        raise ValueError("zero_stage=1 or 2 shards state across all ranks and takes no "
-                         "process_set; use zero_stage=0 with process_set=.")
-    holder = getattr(optimizer, "inner_optimizer", optimizer)
-    if isinstance(holder, keras.optimizers.MultiOptimizer):
-        raise ValueError("zero_stage=1 or 2 cannot shard a MultiOptimizer (its state lives in "
-                         "several inner optimizers). Use zero_stage=0.")
-    if holder.built:
-        raise ValueError(
-            f"zero_stage={zero_stage} needs an optimizer that has no slots yet, but "
-            f"{holder.name!r} is built. Wrap it before compile()/fit() or build(); for a loaded "
-            "model, compile it again with a new optimizer and load the checkpoint after.")
-
-
 def _shard(optimizer: Any, zero_stage: int, settings: ReductionSettings) -> None:
     """Puts the sharded-state class in front of the optimizer holding the slots."""
     holder = getattr(optimizer, "inner_optimizer", optimizer)
@@ -346,7 +303,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     lso_class = keras.optimizers.LossScaleOptimizer
     if isinstance(optimizer, lso_class) and is_distributed(optimizer.inner_optimizer):
         raise ValueError(guards.NESTING_MESSAGE)
-    _check_zero_stage(zero_stage, op, process_set, optimizer)
+    check_zero_stage(zero_stage, op, process_set, optimizer)
     settings = ReductionSettings(
         op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
         gradient_predivide_factor=float(gradient_predivide_factor), num_groups=num_groups,

@@ -85,14 +85,21 @@ ffi::Future Failed(const std::string& message) {
   return future;
 }
 
+// The last `after` arguments are never read: they are an earlier
+// collective's output, passed only so that XLA runs this call after it
+// (Note [collectives in call order] in hvdkeras/backends/jax/ops.py).
 ffi::Future Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
                        int32_t kind_number, int32_t dtype, int32_t reduce_op, double prescale,
-                       double postscale, int32_t root, int32_t process_set, int32_t parts) {
+                       double postscale, int32_t root, int32_t process_set, int32_t parts,
+                       int32_t after) {
   using hvdkeras::OpType;
   const auto kind = static_cast<OpType>(kind_number);  // the numbering of core/common.h
-  if (args.size() != rets.size()) return Failed("hvdkeras: one output per input expected");
-  std::vector<hvdkeras::TensorRef> tensors(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
+  if (after < 0 || static_cast<size_t>(after) > args.size() ||
+      args.size() - static_cast<size_t>(after) != rets.size()) {
+    return Failed("hvdkeras: one output per input expected");
+  }
+  std::vector<hvdkeras::TensorRef> tensors(rets.size());
+  for (size_t i = 0; i < rets.size(); ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
     if (!in.has_value() || !out.has_value()) return Failed("hvdkeras: bad buffer");
@@ -187,4 +194,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HvdkerasJaxCollective, Collective,
                                   .Attr<double>("postscale")
                                   .Attr<int32_t>("root")
                                   .Attr<int32_t>("process_set")
-                                  .Attr<int32_t>("parts"));
+                                  .Attr<int32_t>("parts")
+                                  .Attr<int32_t>("after"));

@@ -17,11 +17,12 @@ What may import this module: the rest of `hvdkeras.backends.jax`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
 import threading
-from typing import List, Sequence
+from typing import Iterator, List, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,7 @@ TARGET = "hvdkeras_collective"
 _lock = threading.Lock()
 _registered = False
 _traced = itertools.count()
+_order = threading.local()  # the chain of collectives_in_call_order, per tracing thread
 
 
 def _register() -> None:
@@ -67,18 +69,73 @@ def _dtype(array, what: str, reducing: bool) -> int:
     return host.dtype_number(jnp.dtype(array.dtype).name, what, reducing)
 
 
+@contextlib.contextmanager
+def collectives_in_call_order() -> Iterator[None]:
+    """Inside, the collectives traced under `jit` run in the order they are
+    called, on every rank (Note [collectives in call order]).
+
+    Note [collectives in call order]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    XLA runs the side-effecting collective calls of a compiled step one at
+    a time, in an order it derives from the data dependencies. Where every
+    rank traces the same program that order is the same everywhere. A
+    sharded optimizer step is not the same program on every rank (a rank
+    uses only the results for the variables it owns; one that owns nothing
+    uses none), and XLA ordered it differently per rank: the owner ran the
+    gradients' reduction before the global norm's allreduce, a rank owning
+    nothing the other way round, and each waited for the other until the
+    stall bound ended the job. (An optimization barrier does not help: XLA
+    drops one whose second output goes unused.) Inside this block each
+    traced collective takes the previous one's first output as an extra
+    operand that the handler never reads (`after` in
+    ops/jax/ffi_collectives.cc), which fixes the call order everywhere. The
+    output is recorded outside the `custom_vjp` functions (`_recorded`), whose
+    own traces end with them.
+    Blocks nest (the outermost one counts). A collective traced inside a
+    `lax.cond` branch may follow one traced outside it; none may follow one
+    traced inside a branch that has ended.
+    """
+    if getattr(_order, "active", False):
+        yield
+        return
+    _order.active, _order.last = True, None
+    try:
+        yield
+    finally:
+        _order.active, _order.last = False, None
+
+
 def _call(kind: int, name: str, inputs: List, outputs: List[jax.ShapeDtypeStruct], dtype: int,
           op: int = Average, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
           set_id: int = 0, parts: int = 0) -> List:
     _register()
+    tracing = _tracing(inputs)
+    ordered = tracing and getattr(_order, "active", False)
+    after = [_order.last] if ordered and _order.last is not None else []
     call = jax.ffi.ffi_call(TARGET, outputs, has_side_effect=True, vmap_method="sequential")
-    results = call(*inputs, name=name, kind=np.int32(kind), dtype=np.int32(dtype),
+    results = call(*inputs, *after, name=name, kind=np.int32(kind), dtype=np.int32(dtype),
                    reduce_op=np.int32(op), prescale=np.float64(prescale),
                    postscale=np.float64(postscale), root=np.int32(root),
-                   process_set=np.int32(set_id), parts=np.int32(parts))
-    if not _tracing(inputs):
+                   process_set=np.int32(set_id), parts=np.int32(parts),
+                   after=np.int32(len(after)))
+    if not tracing:
         jax.block_until_ready(results)  # eager calls finish before the next may reuse the name
     return list(results)
+
+
+def _recorded(collective):
+    """`collective` (a custom_vjp function), whose first output the next call
+    waits for inside `collectives_in_call_order`."""
+    @functools.wraps(collective)
+    def call(*args):
+        results = collective(*args)
+        if getattr(_order, "active", False):
+            first = results[0] if isinstance(results, (list, tuple)) else results
+            if isinstance(first, jax.core.Tracer):
+                _order.last = first
+        return results
+
+    return call
 
 
 def _like(arrays: Sequence) -> List[jax.ShapeDtypeStruct]:
@@ -106,6 +163,7 @@ def _allreduce_bwd(name, op, prescale, postscale, set_id, _, cotangents):
 
 
 allreduce.defvjp(_allreduce_fwd, _allreduce_bwd)
+allreduce = _recorded(allreduce)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
@@ -134,6 +192,7 @@ def _broadcast_bwd(name, root, set_id, _, cotangents):
 
 
 broadcast.defvjp(_broadcast_fwd, _broadcast_bwd)
+broadcast = _recorded(broadcast)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
@@ -157,6 +216,7 @@ def _allgather_bwd(name, set_id, rows, cotangent):
 
 
 allgather.defvjp(_allgather_fwd, _allgather_bwd)
+allgather = _recorded(allgather)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
@@ -179,6 +239,7 @@ def _alltoall_bwd(name, set_id, _, cotangent):
 
 
 alltoall_equal.defvjp(_alltoall_fwd, _alltoall_bwd)
+alltoall_equal = _recorded(alltoall_equal)
 
 
 def scattered_rows(rows: int, size: int, rank: int) -> int:
@@ -217,3 +278,4 @@ def _reducescatter_bwd(name, op, prescale, postscale, set_id, rows, cotangent):
 
 
 reducescatter.defvjp(_reducescatter_fwd, _reducescatter_bwd)
+reducescatter = _recorded(reducescatter)

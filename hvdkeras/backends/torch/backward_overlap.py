@@ -56,7 +56,8 @@ def eligible(settings: Dict[str, Any], enabled: bool) -> bool:
         enabled: The `HVDKERAS_TORCH_BACKWARD_OVERLAP` knob.
 
     Returns:
-        True for an uncompressed Average or Sum in one fused group, one pass per update.
+        True for an uncompressed Average or Sum in one fused group, one pass per update,
+        state not sharded (`zero_stage` 0).
 
     Example:
         >>> eligible({"op": Average, "passes": 1, "groups": None, "num_groups": 0,
@@ -65,6 +66,7 @@ def eligible(settings: Dict[str, Any], enabled: bool) -> bool:
     """
     compression = getattr(settings["compression"], "name", "none")
     return (enabled and settings["op"] in (Average, Sum) and settings["passes"] == 1
+            and not settings.get("zero_stage")
             and settings["groups"] is None and settings["num_groups"] in (0, 1)
             and compression == "none")
 

@@ -1,0 +1,135 @@
+"""The collectives of a sharded optimizer step under the torch and JAX
+backends: gradients to their owners (one reduce-scatter per dtype, ZeRO
+stage 2) and updated weights back to every rank (one allgather per dtype,
+stages 1 and 2).
+
+Both work on one flat buffer per dtype laid out by `plan.plan_blocks`: a
+block per rank, holding that rank's variables one after another, padded to
+the longest block. Every block then has the same length, which is what an
+even reduce-scatter needs and what `jax.jit` needs of an allgather (the
+shape each rank receives is fixed when the step compiles). The tensors are
+the backend's own (torch tensors, JAX arrays, traced inside `jit`), built
+with `keras.ops`. Under `jit` the step runs its collectives in call order
+(Note [collectives in call order] in `hvdkeras/backends/jax/ops.py`).
+
+What may import this module: the rest of `hvdkeras.backends`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import keras
+import numpy as np
+
+from hvdkeras.backends import dispatch
+from hvdkeras.engine.process_sets import ProcessSet
+from hvdkeras.sharding.plan import Blocks, by_dtype, plan_blocks
+
+_WIRE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _elements(value: Any) -> int:
+    return int(np.prod(tuple(value.shape), dtype=np.int64))
+
+
+def _dtype(value: Any) -> str:
+    return keras.backend.standardize_dtype(value.dtype)
+
+
+def _block_buffer(values: Dict[int, Any], blocks: Blocks, rank: int, dtype: str) -> List[Any]:
+    """The flat parts of `rank`'s block, padded to `blocks.padded`."""
+    parts = [keras.ops.reshape(values[p], [-1]) for p in blocks.members[rank]]
+    if blocks.padded > blocks.lengths[rank]:
+        parts.append(keras.ops.zeros([blocks.padded - blocks.lengths[rank]], dtype))
+    return parts
+
+
+def _unpack(flat: Any, blocks: Blocks, rank: int, start: int,
+            shapes: Dict[int, Sequence[int]]) -> Dict[int, Any]:
+    out = {}
+    for p, offset in zip(blocks.members[rank], blocks.offsets[rank]):
+        size = int(np.prod(shapes[p], dtype=np.int64))
+        out[p] = keras.ops.reshape(flat[start + offset:start + offset + size], shapes[p])
+    return out
+
+
+def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], rank: int,
+                             world_size: int, name: str, op: int, prescale: float,
+                             postscale: float, process_set: ProcessSet,
+                             compression: Optional[Any] = None) -> Dict[int, Any]:
+    """Reduces dense gradients across ranks; each rank gets its own only.
+
+    Args:
+        gradients: Gradients by variable position, the same positions and
+            shapes on every rank (replicated positions left out).
+        owners: The plan (`plan.plan_owners`).
+        rank: This rank's position in the process set.
+        world_size: The process set's size.
+        name: Collective name prefix, the same on every rank.
+        op: The wire op (Sum or Average).
+        prescale: Multiplies every gradient before the reduction.
+        postscale: Multiplies the result.
+        process_set: The ranks that share the state.
+        compression: `hvdkeras.Compression.fp16`/`.bf16` sends floating
+            gradients at half width.
+
+    Returns:
+        The reduced gradients of the positions `rank` owns, in their dtypes.
+    """
+    reducescatter = dispatch.backend_function("reducescatter")
+    wire = _WIRE_DTYPES.get(getattr(compression, "name", "none"))
+    shapes = {p: tuple(g.shape) for p, g in gradients.items()}
+    result: Dict[int, Any] = {}
+    groups = by_dtype(sorted(gradients), lambda p: _dtype(gradients[p]))
+    for number, (dtype, positions) in enumerate(groups.items()):
+        blocks = plan_blocks(positions, {p: _elements(gradients[p]) for p in positions},
+                             owners, world_size)
+        if blocks.padded == 0:
+            continue
+        parts = [part for r in range(world_size)
+                 for part in _block_buffer(gradients, blocks, r, dtype)]
+        buffer = keras.ops.concatenate(parts, axis=0)
+        floating = "float" in dtype
+        if wire is not None and floating and dtype != wire:
+            buffer = keras.ops.cast(buffer, wire)
+        mine = reducescatter(buffer, name=name if number == 0 else f"{name}.{number}", op=op,
+                             prescale_factor=prescale, postscale_factor=postscale,
+                             process_set=process_set)
+        result.update(_unpack(keras.ops.cast(mine, dtype), blocks, rank, 0, shapes))
+    return result
+
+
+def allgather_from_owners(values: Dict[int, Any], owners: Sequence[int], rank: int,
+                          world_size: int, name: str,
+                          process_set: ProcessSet) -> Dict[int, Any]:
+    """The values of the positions other ranks own, from their owners.
+
+    Args:
+        values: The current value of every position to share (this rank's
+            own are sent; the others only give the shapes).
+        owners: The plan.
+        rank: This rank's position in the process set.
+        world_size: The process set's size.
+        name: Collective name prefix, the same on every rank.
+        process_set: The ranks that share the state.
+
+    Returns:
+        The received value of every position another rank owns.
+    """
+    allgather = dispatch.backend_function("allgather")
+    shapes = {p: tuple(v.shape) for p, v in values.items()}
+    result: Dict[int, Any] = {}
+    groups = by_dtype(sorted(values), lambda p: _dtype(values[p]))
+    for number, (dtype, positions) in enumerate(groups.items()):
+        blocks = plan_blocks(positions, {p: _elements(values[p]) for p in positions},
+                             owners, world_size)
+        if blocks.padded == 0:
+            continue
+        mine = keras.ops.concatenate(_block_buffer(values, blocks, rank, dtype), axis=0)
+        everyone = allgather(mine, name=name if number == 0 else f"{name}.{number}",
+                             process_set=process_set)
+        for owner in range(world_size):
+            if owner != rank:
+                result.update(_unpack(everyone, blocks, owner, owner * blocks.padded, shapes))
+    return result

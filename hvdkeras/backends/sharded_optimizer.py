@@ -1,0 +1,174 @@
+"""Sharded optimizer state (`DistributedOptimizer(..., zero_stage=1|2)`)
+under Keras's torch and JAX backends.
+
+The sharded optimizer is the one `hvdkeras.sharding` defines for every
+backend: the same owner plan, stand-ins, slot layout, global-norm clipping
+and normal (unsharded) checkpoints. What differs here is how the step
+moves tensors (`sharded_exchange`): stage 2's gradients reach their owners
+by reduce-scatter, and the updated weights come back by one allgather per
+dtype. Keras's JAX step calls `stateless_apply`, which Keras builds on the
+variables the optimizer was built with, the stand-ins; here its mapping is
+built on the model's own variables, so the weights other ranks own come
+back into the step's result.
+
+Not sharded under these backends yet (each refused by name when the
+optimizer is wrapped): `use_ema`, Keras's gradient accumulation and
+`backward_passes_per_step` > 1.
+
+What may import this module: `hvdkeras.backends.optimizer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, ContextManager, Dict, List, Sequence, Set
+
+import keras
+
+from hvdkeras import compat
+from hvdkeras.backends import dispatch
+from hvdkeras.backends.gradient_reduction import (gradient_groups, reduce_gradients,
+                                                  reduction_scaling)
+from hvdkeras.backends.sharded_exchange import allgather_from_owners, reduce_scatter_to_owners
+from hvdkeras.engine import process_sets
+from hvdkeras.engine.types import Min, Sum
+from hvdkeras.sharding.plan import REPLICATED
+from hvdkeras.sharding.sharded_optimizer import ShardedOptimizerMixin, shard_holder
+from hvdkeras.sharding.state import ShardState
+
+
+class BackendShardedMixin(ShardedOptimizerMixin):
+    """The sharded optimizer's tensor work under torch and JAX."""
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        state = self._hvdkeras_shards
+        model_variables = state.variables
+        if len(trainable_variables) != len(model_variables) \
+                or len(optimizer_variables) != len(self.variables):
+            raise ValueError(
+                f"{type(self).__name__}.stateless_apply got {len(trainable_variables)} "
+                f"trainable and {len(optimizer_variables)} optimizer values; it was built for "
+                f"{len(model_variables)} and has {len(self.variables)}.")
+        mapping = (list(zip(model_variables, trainable_variables))
+                   + list(zip(self.variables, optimizer_variables)))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            self.apply(grads)
+        return ([scope.get_current_value(v) for v in model_variables],
+                [scope.get_current_value(v) for v in self.variables])
+
+    def _hvdkeras_step_without_variables(self) -> None:
+        # Keras's torch optimizers cannot update an empty list; the one part
+        # every rank must run is the global norm's collective.
+        self._clip_gradients([])
+        self._iterations.assign_add(1)
+
+    def _hvdkeras_after_update(self) -> None:
+        self._hvdkeras_share_weights()
+
+    def _hvdkeras_share_weights(self) -> None:
+        state = self._hvdkeras_shards
+        if state.world_size == 1:
+            return
+        values = {p: v.value for p, v in enumerate(state.variables)
+                  if state.owners[p] != REPLICATED}
+        received = allgather_from_owners(values, state.owners, state.rank, state.world_size,
+                                         f"{state.name}_weights", state.process_set)
+        for p, value in received.items():
+            state.variables[p].assign(value)
+
+    def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
+        return dispatch.backend_function("grouped_allreduce")(
+            [value], name=name, op=Sum, process_set=self._hvdkeras_shards.process_set)[0]
+
+
+_CLASSES: Dict[type, type] = {}
+
+
+def check_shardable(optimizer: Any, passes: int) -> None:
+    """Raises ValueError for what these backends cannot shard yet."""
+    holder = getattr(optimizer, "inner_optimizer", optimizer)
+    backend = keras.backend.backend()
+    if passes > 1 or holder.gradient_accumulation_steps:
+        raise ValueError(
+            f"zero_stage=1 or 2 does not accumulate gradients under the {backend} backend yet: "
+            "leave backward_passes_per_step=1 and gradient_accumulation_steps unset, use "
+            "zero_stage=0, or train with KERAS_BACKEND=tensorflow.")
+    if holder.use_ema:
+        raise ValueError(
+            f"zero_stage=1 or 2 does not shard an EMA (use_ema=True) under the {backend} "
+            "backend yet: use zero_stage=0, or train with KERAS_BACKEND=tensorflow.")
+
+
+def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:
+    """Puts the sharded class in front of the optimizer that holds the slots
+    (the optimizer, or a LossScaleOptimizer's inner one)."""
+    holder = getattr(optimizer, "inner_optimizer", optimizer)
+    base = type(holder)
+    derived = _CLASSES.get(base)
+    if derived is None:
+        derived = type(base.__name__, (BackendShardedMixin, base), {
+            "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__})
+        compat.keep_registered_name(base, derived)
+        _CLASSES[base] = derived
+    holder.__class__ = derived
+    ps = process_sets.view(process_set)
+    holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{name}_zero", process_set,
+                                         zero_stage)
+
+
+def step_scope(optimizer: Any) -> ContextManager[None]:
+    """Where a sharded step traced under JAX must run its collectives in call
+    order (Note [collectives in call order] in hvdkeras/backends/jax/ops.py):
+    a rank's program depends on what it owns. Elsewhere nothing is needed."""
+    if shard_holder(optimizer) is None or keras.backend.backend() != "jax":
+        return contextlib.nullcontext()
+    # Lazy: the JAX binding, present under that backend only.
+    return importlib.import_module("hvdkeras.backends.jax.ops").collectives_in_call_order()
+
+
+def reduce_to_owners(grads: Sequence[Any], variables: Sequence[Any], settings: Dict[str, Any],
+                     local_ids: Set[int], holder: Any, loss_scaled: bool) -> List[Any]:
+    """Stage 2's reduction: a list like `grads`, reduced where this rank owns
+    the variable (or keeps it local), None elsewhere.
+
+    Under loss scaling the positions a rank does not own carry one scalar
+    instead: 0 when every rank's own gradients are finite, NaN otherwise,
+    so the loss-scale optimizer takes the same decision on every rank.
+    """
+    state: ShardState = holder._hvdkeras_shards
+    if not holder.built:
+        holder.build(list(variables))
+    grads = list(grads)
+    present = [i for i, g in enumerate(grads) if g is not None]
+    whole = [i for i in present if id(variables[i]) in local_ids]
+    result = reduce_gradients([grads[i] if i in whole else None for i in range(len(grads))],
+                              variables, settings, local_ids)
+    split = [i for i in present if i not in set(whole)]
+    op, prescale, postscale = reduction_scaling(settings, state.world_size)
+    planned = gradient_groups(split, variables, settings)
+    for number, group in enumerate(planned):
+        by_position = {state.position(variables[i]): i for i in group}
+        mine = reduce_scatter_to_owners(
+            {p: grads[i] for p, i in by_position.items()}, state.owners, state.rank,
+            state.world_size, f"{settings['name']}_shards.{number}", op, prescale, postscale,
+            settings["process_set"], settings["compression"])
+        for p, value in mine.items():
+            result[by_position[p]] = value
+    if loss_scaled:
+        flag = _finite_everywhere_flag([result[i] for i in present if result[i] is not None],
+                                       state)
+        result = [flag if i in present and result[i] is None else g
+                  for i, g in enumerate(result)]
+    return result
+
+
+def _finite_everywhere_flag(values: Sequence[Any], state: ShardState) -> Any:
+    """0.0 when every rank's `values` are all finite, NaN otherwise."""
+    finite = keras.ops.ones([1], "float32")
+    for value in values:
+        finite = finite * keras.ops.cast(keras.ops.all(keras.ops.isfinite(value)), "float32")
+    everywhere = dispatch.backend_function("grouped_allreduce")(
+        [finite], name=f"{state.name}_finite", op=Min, process_set=state.process_set)[0][0]
+    return keras.ops.where(everywhere > 0, 0.0, float("nan"))

@@ -1,0 +1,202 @@
+"""Sharded optimizer state (`zero_stage` 1 and 2) under KERAS_BACKEND=torch
+and jax: `model.fit` on N ranks equals one process on the same global
+batches, each rank keeps full-size slots for its own variables only, a
+checkpoint is a normal file equal to the unsharded optimizer's state, and
+resuming restores every rank's shard exactly.
+
+Runs at 2 and 3 ranks (tests/test_backends.py).
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import hvdkeras as hvd
+from test_backend_training import GLOBAL_BATCH, data, distributed, make_model, my_slice, \
+    reference, weights
+
+STAGES = [1, 2]
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw_global_clipnorm": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01,
+                                                            global_clipnorm=0.5),
+    "nadam": lambda: keras.optimizers.Nadam(0.01),
+    "loss_scaled_sgd": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9)),
+}
+
+
+def numpy_values(variables):
+    return [keras.ops.convert_to_numpy(v) for v in variables]
+
+
+def assert_close(got, want, what):
+    assert len(got) == len(want), what
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=f"{what} [{k}]")
+
+
+def full_state(model, tmp_path, name):
+    """Weights and the whole optimizer state as a normal file holds them:
+    saved through hvdkeras on rank 0, loaded by plain Keras, sent to all."""
+    path = os.path.join(str(tmp_path), f"{name}.keras")
+    with hvd.gathered_optimizer_state(model):
+        if hvd.rank() == 0:
+            model.save(path)
+    state = None
+    if hvd.rank() == 0:
+        loaded = keras.models.load_model(path)
+        plain = type(loaded.optimizer)
+        assert plain.__name__ == type(model.optimizer).__name__
+        assert "hvdkeras" not in plain.__module__
+        state = (numpy_values(loaded.weights), numpy_values(loaded.optimizer.variables))
+    return hvd.broadcast_object(state, root_rank=0, name=f"state_{name}")
+
+
+def holder_of(optimizer):
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_fit_equals_one_process_and_saves_the_whole_state(kind, stage, tmp_path):
+    model, _ = distributed(OPTIMIZERS[kind](), zero_stage=stage)
+    expected = reference(OPTIMIZERS[kind]())
+    assert_close(weights(model), weights(expected), f"{kind} weights")
+    saved_weights, saved_state = full_state(model, tmp_path, f"{kind}{stage}")
+    assert_close(saved_weights, weights(expected), f"{kind} saved weights")
+    assert_close(saved_state, numpy_values(expected.optimizer.variables),
+                 f"{kind} saved optimizer state")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_rank_keeps_full_slots_for_its_own_variables_only(stage):
+    model, _ = distributed(keras.optimizers.Adam(0.01), zero_stage=stage)
+    holder = holder_of(model.optimizer)
+    owners = holder._hvdkeras_shards.owners
+    assert hvd.allgather_object(owners, name=f"owners{stage}") == [owners] * hvd.size()
+    assert sorted(set(owners)) == list(range(min(hvd.size(), len(owners))))
+    for p, (variable, momentum) in enumerate(zip(model.trainable_variables, holder._momentums)):
+        if owners[p] == hvd.rank():
+            assert tuple(momentum.shape) == tuple(variable.shape), variable.path
+        else:
+            assert tuple(momentum.shape) == (1,) * len(variable.shape), variable.path
+    mine = np.concatenate([w.ravel() for w in weights(model)])
+    gathered = keras.ops.convert_to_numpy(hvd.allgather(keras.ops.convert_to_tensor(mine[None])))
+    assert np.array_equal(gathered.min(0), gathered.max(0))
+
+
+def _fit_with_checkpoints(model, directory, epochs, initial_epoch=0):
+    x, y = data(seed=40)
+    mine = my_slice(hvd.size(), hvd.rank())
+    model.fit(x[mine], y[mine], batch_size=GLOBAL_BATCH // hvd.size(), epochs=epochs,
+              initial_epoch=initial_epoch, verbose=0, shuffle=False,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.CheckpointCallback(directory)])
+
+
+def _compiled(stage):
+    model = make_model(seed=3 + 100 * hvd.rank())
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                     zero_stage=stage), loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_checkpoint_resume_continues_exactly(stage, tmp_path):
+    if GLOBAL_BATCH % hvd.size():
+        pytest.skip(f"{GLOBAL_BATCH} does not split over {hvd.size()} ranks")
+    directory = str(tmp_path / f"ckpt{stage}")
+    uninterrupted = _compiled(stage)
+    _fit_with_checkpoints(uninterrupted, str(tmp_path / f"u{stage}"), epochs=3)
+
+    first = _compiled(stage)
+    _fit_with_checkpoints(first, directory, epochs=2)
+    saved = full_state(first, tmp_path, f"first{stage}")
+
+    resumed = _compiled(stage)
+    assert hvd.restore_from_checkpoint(resumed, directory, verbose=0) == 2
+    restored = full_state(resumed, tmp_path, f"resumed{stage}")
+    for got, want in zip(restored[1], saved[1]):
+        np.testing.assert_array_equal(got, want)  # every rank's shard, bit for bit
+    _fit_with_checkpoints(resumed, directory, epochs=3, initial_epoch=2)
+    assert_close(weights(resumed), weights(uninterrupted), "resumed weights")
+
+
+def test_rank_zero_alone_cannot_save_sharded_state(tmp_path):
+    if hvd.size() == 1:
+        pytest.skip("with one rank nothing is sharded")
+    model, _ = distributed(keras.optimizers.Adam(0.01), epochs=1, zero_stage=1)
+    with pytest.raises(RuntimeError, match="gathered_optimizer_state"):
+        model.save(os.path.join(str(tmp_path), "alone.keras"))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_rank_that_owns_nothing_keeps_in_step(stage):
+    """One trainable variable: the other ranks own none, yet take part in the
+    global norm and the weight exchange, and count the same iterations."""
+    def one_variable_fit(optimizer, n, r, distributed_fit):
+        x, y = data()
+        keras.utils.set_random_seed(11 + (1000 * r if distributed_fit else 0))
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, use_bias=False)])
+        model.compile(optimizer=optimizer, loss="mse")
+        rows = my_slice(n, r) if distributed_fit else np.arange(len(x))
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if distributed_fit else []
+        model.fit(x[rows], y[rows], batch_size=GLOBAL_BATCH // n, epochs=2, shuffle=False,
+                  verbose=0, callbacks=callbacks)
+        return model
+
+    make = lambda: keras.optimizers.Nadam(0.01, global_clipnorm=0.1)  # noqa: E731
+    if GLOBAL_BATCH % hvd.size():
+        pytest.skip(f"{GLOBAL_BATCH} does not split over {hvd.size()} ranks")
+    got = one_variable_fit(hvd.DistributedOptimizer(make(), zero_stage=stage), hvd.size(),
+                           hvd.rank(), True)
+    want = one_variable_fit(make(), 1, 0, False)
+    assert_close(weights(got), weights(want), "one variable")
+    assert int(keras.ops.convert_to_numpy(got.optimizer.iterations)) == \
+        int(keras.ops.convert_to_numpy(want.optimizer.iterations))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_local_variables_stay_local(stage):
+    """A variable registered local keeps its own gradient and full state on
+    every rank; the others are averaged and sharded."""
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), zero_stage=stage,
+                                         scale_local_gradients=False)
+    model = make_model(seed=5)
+    local = model.layers[0].bias
+    optimizer.register_local_var(local)
+    model.compile(optimizer=optimizer, loss="mse")
+    x, y = data(seed=hvd.rank())
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    holder = holder_of(model.optimizer)
+    position = [id(v) for v in model.trainable_variables].index(id(local))
+    assert holder._hvdkeras_shards.owners[position] == hvd.sharding.REPLICATED
+    assert tuple(holder._momentums[position].shape) == tuple(local.shape)  # on every rank
+    biases = hvd.allgather_object(keras.ops.convert_to_numpy(local), name=f"bias{stage}")
+    if hvd.size() > 1:
+        assert not np.array_equal(biases[0], biases[1])  # each rank's own data
+    kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)
+    for other in hvd.allgather_object(kernel, name=f"kernel{stage}"):
+        np.testing.assert_array_equal(other, kernel)
+
+
+def test_what_cannot_be_sharded_here_is_named():
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=3)
+    with pytest.raises(ValueError, match="Adasum"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="use_ema"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(use_ema=True), zero_stage=1)
+    with pytest.raises(ValueError, match="accumulate"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=2,
+                                 backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="accumulate"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(gradient_accumulation_steps=2),
+                                 zero_stage=1)
+    built = keras.optimizers.Adam()
+    built.build([keras.Variable(np.zeros(2, "float32"))])
+    with pytest.raises(ValueError, match="is built"):
+        hvd.DistributedOptimizer(built, zero_stage=1)
