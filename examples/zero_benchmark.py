@@ -2,6 +2,7 @@
 """Memory and step time of sharded optimizer state (zero_stage 0, 1, 2).
 
     python examples/zero_benchmark.py --model ResNet50 --image-size 64 --ranks 2,4,8
+    KERAS_BACKEND=torch python examples/zero_benchmark.py --ranks 2   # or jax
 
 For each rank count and each stage it launches one job (hvdkerasrun), trains
 the model through model.fit on synthetic data with Adam, and prints one
@@ -54,10 +55,33 @@ def peak_rss_bytes() -> int:
     return 0
 
 
+def synthetic_batches(args: argparse.Namespace):
+    """One random batch, repeated: a tf.data pipeline under TensorFlow, a
+    Python generator of NumPy arrays under Keras's other backends."""
+    import keras
+    import numpy as np
+
+    shape = [args.batch_size, args.image_size, args.image_size, 3]
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf  # lazy: only this backend's pipeline
+
+        images = tf.random.uniform(shape)
+        labels = tf.random.uniform([args.batch_size], maxval=1000, dtype=tf.int64)
+        return tf.data.Dataset.from_tensors((images, labels)).repeat()
+    rng = np.random.default_rng(0)
+    images = rng.uniform(size=shape).astype("float32")
+    labels = rng.integers(0, 1000, size=[args.batch_size])
+
+    def forever():
+        while True:
+            yield images, labels
+
+    return forever()
+
+
 def run_worker(args: argparse.Namespace) -> None:
     import keras
     import numpy as np
-    import tensorflow as tf
 
     import hvdkeras as hvd
 
@@ -66,9 +90,7 @@ def run_worker(args: argparse.Namespace) -> None:
         weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
     optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-4), zero_stage=args.stage)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-    images = tf.random.uniform([args.batch_size, args.image_size, args.image_size, 3])
-    labels = tf.random.uniform([args.batch_size], maxval=1000, dtype=tf.int64)
-    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    data = synthetic_batches(args)
     times: List[float] = []
 
     class Timer(keras.callbacks.Callback):
@@ -80,7 +102,8 @@ def run_worker(args: argparse.Namespace) -> None:
 
     model.fit(data, steps_per_epoch=args.warmup, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    model.fit(data, steps_per_epoch=args.steps, epochs=1, verbose=0, callbacks=[Timer()])
+    model.fit(synthetic_batches(args), steps_per_epoch=args.steps, epochs=1, verbose=0,
+              callbacks=[Timer()])
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     state_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype.name if hasattr(v.dtype, "name")
                                                        else v.dtype).itemsize
@@ -110,8 +133,9 @@ def main(argv: List[str]) -> None:
         run_worker(args)
         return
     mib = 2.0 ** 20
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     lines = [f"{args.model} {args.image_size}px, Adam, batch {args.batch_size} per rank, "
-             f"{os.cpu_count()} cores",
+             f"{os.cpu_count()} cores, KERAS_BACKEND={backend}",
              "| ranks | stage | optimizer state, fullest rank MiB | of stage 0 | 1/N | "
              "peak RSS, largest rank MiB | RSS vs stage 0 MiB | step ms (median) | "
              "step vs stage 0 |", "|---|---|---|---|---|---|---|---|---|"]

@@ -1,13 +1,16 @@
 """The collectives of a sharded optimizer step under the torch and JAX
 backends: gradients to their owners (one reduce-scatter per dtype, ZeRO
-stage 2) and updated weights back to every rank (one allgather per dtype,
-stages 1 and 2).
+stage 2) and updated weights back to every rank (stages 1 and 2).
 
-Both work on one flat buffer per dtype laid out by `plan.plan_blocks`: a
-block per rank, holding that rank's variables one after another, padded to
-the longest block. Every block then has the same length, which is what an
-even reduce-scatter needs and what `jax.jit` needs of an allgather (the
-shape each rank receives is fixed when the step compiles). The tensors are
+Under JAX both work on one flat buffer per dtype laid out by
+`plan.plan_blocks`: a block per rank, holding that rank's variables one
+after another, padded to the longest block. Every block then has the same
+length, which is what an even reduce-scatter needs and what `jax.jit` needs
+of the weights' allgather (the shape each rank receives is fixed when the
+step compiles). Under torch the weights instead travel as one fused
+broadcast per owner straight into the variables' own memory: the flat
+buffers cost a fresh allocation and two copies per step there, about as long
+as the exchange itself (measured in docs/backends.md). The tensors are
 the backend's own (torch tensors, JAX arrays, traced inside `jit`), built
 with `keras.ops`. Under `jit` the step runs its collectives in call order
 (Note [collectives in call order] in `hvdkeras/backends/jax/ops.py`).
@@ -17,14 +20,16 @@ What may import this module: the rest of `hvdkeras.backends`.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Dict, List, Optional, Sequence
 
 import keras
 import numpy as np
 
 from hvdkeras.backends import dispatch
+from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
-from hvdkeras.sharding.plan import Blocks, by_dtype, plan_blocks
+from hvdkeras.sharding.plan import REPLICATED, Blocks, by_dtype, plan_blocks
 
 _WIRE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -98,6 +103,34 @@ def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], r
                              process_set=process_set)
         result.update(_unpack(keras.ops.cast(mine, dtype), blocks, rank, 0, shapes))
     return result
+
+
+def share_from_owners(variables: Sequence[Any], owners: Sequence[int], rank: int,
+                      world_size: int, name: str, process_set: ProcessSet) -> None:
+    """Gives every rank the current values of the variables other ranks own.
+
+    Args:
+        variables: The Keras variables, in plan order (each rank's own ones
+            hold its updated values).
+        owners: The plan.
+        rank: This rank's position in the process set.
+        world_size: The process set's size.
+        name: Collective name prefix, the same on every rank.
+        process_set: The ranks that share the state.
+    """
+    if keras.backend.backend() == "torch":
+        # Lazy: the torch binding, present under that backend only.
+        torch_ops = importlib.import_module("hvdkeras.backends.torch.ops")
+        set_id = process_sets.view(process_set).set_id
+        for owner in range(world_size):
+            mine = [v.value.data for p, v in enumerate(variables) if owners[p] == owner]
+            if mine:
+                torch_ops.broadcast_in_place(mine, f"{name}_from{owner}", owner, set_id)
+        return
+    values = {p: v.value for p, v in enumerate(variables) if owners[p] != REPLICATED}
+    for p, value in allgather_from_owners(values, owners, rank, world_size, name,
+                                          process_set).items():
+        variables[p].assign(value)
 
 
 def allgather_from_owners(values: Dict[int, Any], owners: Sequence[int], rank: int,

@@ -6,7 +6,7 @@ backend: the same owner plan, stand-ins, slot layout, global-norm clipping
 and normal (unsharded) checkpoints. What differs here is how the step
 moves tensors (`sharded_exchange`): stage 2's gradients reach their owners
 by reduce-scatter, and the updated weights come back by one allgather per
-dtype. Keras's JAX step calls `stateless_apply`, which Keras builds on the
+dtype (JAX) or one broadcast per owner into the variables (torch). Keras's JAX step calls `stateless_apply`, which Keras builds on the
 variables the optimizer was built with, the stand-ins; here its mapping is
 built on the model's own variables, so the weights other ranks own come
 back into the step's result.
@@ -30,10 +30,9 @@ from hvdkeras import compat
 from hvdkeras.backends import dispatch
 from hvdkeras.backends.gradient_reduction import (gradient_groups, reduce_gradients,
                                                   reduction_scaling)
-from hvdkeras.backends.sharded_exchange import allgather_from_owners, reduce_scatter_to_owners
+from hvdkeras.backends.sharded_exchange import reduce_scatter_to_owners, share_from_owners
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Min, Sum
-from hvdkeras.sharding.plan import REPLICATED
 from hvdkeras.sharding.sharded_optimizer import ShardedOptimizerMixin, shard_holder
 from hvdkeras.sharding.state import ShardState
 
@@ -70,12 +69,8 @@ class BackendShardedMixin(ShardedOptimizerMixin):
         state = self._hvdkeras_shards
         if state.world_size == 1:
             return
-        values = {p: v.value for p, v in enumerate(state.variables)
-                  if state.owners[p] != REPLICATED}
-        received = allgather_from_owners(values, state.owners, state.rank, state.world_size,
-                                         f"{state.name}_weights", state.process_set)
-        for p, value in received.items():
-            state.variables[p].assign(value)
+        share_from_owners(state.variables, state.owners, state.rank, state.world_size,
+                          f"{state.name}_weights", state.process_set)
 
     def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
         return dispatch.backend_function("grouped_allreduce")(

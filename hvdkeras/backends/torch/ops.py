@@ -108,6 +108,25 @@ def _broadcast_backward(ctx, grads):
 broadcast.register_autograd(_broadcast_backward, setup_context=_broadcast_setup)
 
 
+def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: int,
+                       process_set_id: int) -> None:
+    """`root_rank`'s values into `tensors` themselves (contiguous CPU tensors; no
+    autograd, no new memory), one fused request per dtype. Not an op: it
+    mutates its arguments, for code that owns them (the sharded optimizer's
+    weights)."""
+    by_dtype = {}
+    for t in tensors:
+        if not t.is_contiguous():
+            raise ValueError(f"hvdkeras broadcast '{name}' writes in place and needs contiguous "
+                             "tensors.")
+        by_dtype.setdefault(str(t.dtype), []).append(t)
+    for dtype, chosen in sorted(by_dtype.items()):
+        host.broadcast([_host_tensor(t, "broadcast") for t in chosen],
+                       [t.data_ptr() for t in chosen],
+                       name if len(by_dtype) == 1 else f"{name}.{dtype}", root_rank,
+                       process_set_id, keep=chosen)
+
+
 def _allocating(tensor: torch.Tensor):
     results: List[torch.Tensor] = []
 
