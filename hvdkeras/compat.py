@@ -21,7 +21,7 @@ TensorFlow and Keras themselves, lazily).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 
 def exempt_from_program_order(op_types: Iterable[str]) -> bool:
@@ -134,6 +134,25 @@ def keep_registered_name(base: type, derived: type) -> None:
     names = object_registration.GLOBAL_CUSTOM_NAMES
     if base in names:
         names[derived] = names[base]
+
+
+_WITH_MIXIN: Dict[Tuple[type, type], type] = {}
+
+
+def with_mixin(mixin: type, base: type) -> type:
+    """`base` with `mixin` in front, under `base`'s name, module and registered
+    name, so a saved file records the plain class (made once per pair).
+
+    Example: `optimizer.__class__ = with_mixin(MyMixin, type(optimizer))`.
+    """
+    derived = _WITH_MIXIN.get((mixin, base))
+    if derived is None:
+        derived = type(base.__name__, (mixin, base), {
+            "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__})
+        keep_registered_name(base, derived)
+        _WITH_MIXIN[(mixin, base)] = derived
+    return derived
 
 
 def optimizer_variables_built_for(optimizer: Any) -> list:

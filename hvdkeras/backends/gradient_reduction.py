@@ -7,7 +7,10 @@ What may import this module: the rest of `hvdkeras.backends`.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Dict, List, Sequence, Set, Tuple
+
+import keras
 
 from hvdkeras.backends import dispatch
 from hvdkeras.engine import process_sets
@@ -41,15 +44,29 @@ def reduce_gradients(grads: List[Any], variables: Sequence[Any],
             if scale != 1.0:
                 out[k] = out[k] * scale
     op, pre, post = reduction_scaling(settings, size, scale)
-    grouped_allreduce = dispatch.backend_function("grouped_allreduce")
     for index, group in enumerate(gradient_groups(present, variables, settings)):
-        reduced = grouped_allreduce([grads[k] for k in group], name=f"{settings['name']}.{index}",
-                                    op=op, prescale_factor=pre, postscale_factor=post,
-                                    compression=settings["compression"],
-                                    process_set=settings["process_set"])
+        reduced = _reduce_group([grads[k] for k in group], f"{settings['name']}.{index}", op,
+                                pre, post, settings)
         for k, value in zip(group, reduced):
             out[k] = value
     return out
+
+
+def _reduce_group(tensors: List[Any], name: str, op: int, prescale: float, postscale: float,
+                  settings: Dict[str, Any]) -> List[Any]:
+    """One fused reduction; under torch, eagerly and uncompressed, into the
+    gradients themselves (as Horovod's and DDP's optimizers reduce `.grad`)."""
+    if (keras.backend.backend() == "torch" and op in (Average, Sum)
+            and getattr(settings["compression"], "name", "none") == "none"):
+        # Lazy: the torch binding, present under that backend only.
+        torch_ops = importlib.import_module("hvdkeras.backends.torch.ops")
+        if torch_ops.reducible_in_place(tensors):
+            torch_ops.allreduce_in_place(tensors, name, op, prescale, postscale,
+                                         process_sets.view(settings["process_set"]).set_id)
+            return tensors
+    return dispatch.backend_function("grouped_allreduce")(
+        tensors, name=name, op=op, prescale_factor=prescale, postscale_factor=postscale,
+        compression=settings["compression"], process_set=settings["process_set"])
 
 
 def gradient_groups(present: List[int], variables: Sequence[Any], settings: Dict[str, Any]

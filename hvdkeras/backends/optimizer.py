@@ -170,20 +170,6 @@ def _backward_overlap() -> Any:
     return importlib.import_module("hvdkeras.backends.torch.backward_overlap")
 
 
-_CLASSES: Dict[type, type] = {}
-
-
-def _distributed_class(base: type) -> type:
-    derived = _CLASSES.get(base)
-    if derived is None:
-        derived = type(base.__name__, (_TorchDistributedMixin, base), {
-            "__module__": base.__module__, "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__})
-        compat.keep_registered_name(base, derived)
-        _CLASSES[base] = derived
-    return derived
-
-
 def _check_passes(optimizer: keras.optimizers.Optimizer, passes: int) -> None:
     """What accumulation needs of the optimizer (the arguments' types and ranges
     were checked by `hvdkeras.training.optimizer`, which dispatches here)."""
@@ -285,7 +271,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     name = name or f"{optimizer.name}_gradients"
     if zero_stage:
         sharded_optimizer.shard(optimizer, zero_stage, name, process_set)
-    optimizer.__class__ = _distributed_class(type(optimizer))
+    optimizer.__class__ = compat.with_mixin(_TorchDistributedMixin, type(optimizer))
     _untracked(optimizer, "_hvdkeras_settings", {
         "name": name, "compression": compression, "zero_stage": int(zero_stage),
         "op": op, "gradient_predivide_factor": float(gradient_predivide_factor),

@@ -77,9 +77,6 @@ class BackendShardedMixin(ShardedOptimizerMixin):
             [value], name=name, op=Sum, process_set=self._hvdkeras_shards.process_set)[0]
 
 
-_CLASSES: Dict[type, type] = {}
-
-
 def check_shardable(optimizer: Any, passes: int) -> None:
     """Raises ValueError for what these backends cannot shard yet."""
     holder = getattr(optimizer, "inner_optimizer", optimizer)
@@ -99,15 +96,7 @@ def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:
     """Puts the sharded class in front of the optimizer that holds the slots
     (the optimizer, or a LossScaleOptimizer's inner one)."""
     holder = getattr(optimizer, "inner_optimizer", optimizer)
-    base = type(holder)
-    derived = _CLASSES.get(base)
-    if derived is None:
-        derived = type(base.__name__, (BackendShardedMixin, base), {
-            "__module__": base.__module__, "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__})
-        compat.keep_registered_name(base, derived)
-        _CLASSES[base] = derived
-    holder.__class__ = derived
+    holder.__class__ = compat.with_mixin(BackendShardedMixin, type(holder))
     ps = process_sets.view(process_set)
     holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{name}_zero", process_set,
                                          zero_stage)

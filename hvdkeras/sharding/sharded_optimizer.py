@@ -237,17 +237,3 @@ class AroundShardsMixin:
                 or not load_sharded(holder, self.variables, store):
             super().load_own_variables(store)
 
-
-_SHARDED_CLASSES: Dict[type, type] = {}
-
-
-def sharded_class(base: type, keep_name) -> type:
-    """`base` with `ShardedOptimizerMixin` in front, named like `base`."""
-    derived = _SHARDED_CLASSES.get(base)
-    if derived is None:
-        derived = type(base.__name__, (ShardedOptimizerMixin, base), {
-            "__module__": base.__module__, "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__})
-        keep_name(base, derived)
-        _SHARDED_CLASSES[base] = derived
-    return derived

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any, Dict, Iterable, Optional, Sequence, Set, Union
+from typing import Any, Iterable, Optional, Sequence, Set, Union
 
 import keras
 import tensorflow as tf
@@ -29,7 +29,8 @@ from hvdkeras.collectives.common import fixed_collective_names
 from hvdkeras.engine import frameworks, process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
-from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, sharded_class, shard_holder
+from hvdkeras.sharding.sharded_optimizer import (AroundShardsMixin, ShardedOptimizerMixin,
+                                                 shard_holder)
 from hvdkeras.sharding.checks import check_zero_stage
 from hvdkeras.sharding.state import ShardState
 from hvdkeras.training import guards
@@ -125,22 +126,6 @@ class _DistributedOptimizerMixin(AroundShardsMixin):
         tf.cond(window_complete, update, lambda: None)
 
 
-_DISTRIBUTED_CLASSES: Dict[type, type] = {}
-
-
-def _distributed_class(base: type) -> type:
-    derived = _DISTRIBUTED_CLASSES.get(base)
-    if derived is None:
-        derived = type(base.__name__, (_DistributedOptimizerMixin, base), {
-            "__module__": base.__module__,
-            "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__,
-        })
-        compat.keep_registered_name(base, derived)
-        _DISTRIBUTED_CLASSES[base] = derived
-    return derived
-
-
 def is_distributed(optimizer: Any) -> bool:
     """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
     other = _other_backend()
@@ -183,7 +168,7 @@ def _shard(optimizer: Any, zero_stage: int, settings: ReductionSettings) -> None
     """Puts the sharded-state class in front of the optimizer holding the slots."""
     holder = getattr(optimizer, "inner_optimizer", optimizer)
     ps = process_sets.view(settings.process_set)
-    holder.__class__ = sharded_class(type(holder), compat.keep_registered_name)
+    holder.__class__ = compat.with_mixin(ShardedOptimizerMixin, type(holder))
     holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{settings.name}_zero",
                                          settings.process_set, zero_stage)
 
@@ -321,7 +306,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
             accumulator.build(compat.optimizer_variables_built_for(optimizer))
     if zero_stage:
         _shard(optimizer, zero_stage, settings)
-    optimizer.__class__ = _distributed_class(type(optimizer))
+    optimizer.__class__ = compat.with_mixin(_DistributedOptimizerMixin, type(optimizer))
     optimizer._hvdkeras_reduction = settings
     optimizer._hvdkeras_accumulator = accumulator
     optimizer._hvdkeras_local_ids = set()

@@ -108,6 +108,31 @@ def _broadcast_backward(ctx, grads):
 broadcast.register_autograd(_broadcast_backward, setup_context=_broadcast_setup)
 
 
+def reducible_in_place(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether `allreduce_in_place` may take `tensors`: run eagerly (not while
+    `torch.compile` traces), contiguous CPU tensors outside autograd."""
+    return (not torch.compiler.is_compiling()
+            and all(t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+                    for t in tensors))
+
+
+def allreduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int, prescale: float,
+                       postscale: float, process_set_id: int) -> None:
+    """Reduces `tensors` into themselves, one fused request per dtype (see
+    `reducible_in_place`). Not an op: it mutates its arguments, for code that
+    owns them (the distributed optimizer's gradients), and saves the fresh
+    output a reduction otherwise allocates, whose first touch costs page
+    faults on every step."""
+    by_dtype = {}
+    for t in tensors:
+        by_dtype.setdefault(str(t.dtype), []).append(t)
+    for dtype, chosen in sorted(by_dtype.items()):
+        host.allreduce([_host_tensor(t, "allreduce") for t in chosen],
+                       [t.data_ptr() for t in chosen],
+                       name if len(by_dtype) == 1 else f"{name}.{dtype}", op, prescale,
+                       postscale, process_set_id, keep=chosen)
+
+
 def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: int,
                        process_set_id: int) -> None:
     """`root_rank`'s values into `tensors` themselves (contiguous CPU tensors; no
