@@ -58,3 +58,24 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="splits"):
         hvd.alltoall(torch.zeros(hvd.size() + 1), splits=[1] * hvd.size())
     hvd.barrier()  # every rank is here after its refusals: nothing was left in flight
+
+
+def test_the_optimizer_averages_gradients_in_place():
+    """Eagerly the distributed optimizer reduces the gradient tensors it is
+    given into themselves, as Horovod's and DDP's reduce `.grad`; a gradient
+    that autograd still tracks is left alone and reduced into a new tensor."""
+    n, r = hvd.size(), hvd.rank()
+    mean = sum(k + 1 for k in range(n)) / n
+    variables = [keras.Variable([0.0, 0.0, 0.0]), keras.Variable([0.0])]
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), name="in_place")
+    grads = [torch.full((3,), float(r + 1)), torch.full((1,), float(r + 1))]
+    with torch.no_grad():
+        optimizer.apply(grads, variables)
+    assert [g.tolist() for g in grads] == [[mean] * 3, [mean]]
+    assert keras.ops.convert_to_numpy(variables[0]).tolist() == [-mean] * 3
+
+    tracked = torch.full((1,), float(r + 1), requires_grad=True) * 1.0
+    with torch.no_grad():
+        optimizer.apply([torch.zeros(3), tracked], variables)
+    assert tracked.tolist() == [float(r + 1)]  # not written
+    assert keras.ops.convert_to_numpy(variables[1]).tolist() == [-2 * mean]
