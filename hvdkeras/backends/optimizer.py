@@ -235,8 +235,8 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         zero_stage: 1 keeps each variable's optimizer state on one rank (its
             owner updates it and the weights are gathered back); 2 also sends
             each owner only its own reduced gradients (a reduce-scatter). As
-            under TensorFlow (`docs/memory-scaling.md`); not with `use_ema`
-            or gradient accumulation here yet.
+            under TensorFlow (`docs/memory-scaling.md`); not with
+            `backward_passes_per_step` > 1 here yet.
 
     Returns:
         The distributed optimizer (the same object, converted in place).
@@ -258,7 +258,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          "optimizer once.")
     check_zero_stage(zero_stage, op, process_set, optimizer)
     if zero_stage:
-        sharded_optimizer.check_shardable(optimizer, backward_passes_per_step)
+        sharded_optimizer.check_shardable(backward_passes_per_step)
     _check_passes(optimizer, backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "

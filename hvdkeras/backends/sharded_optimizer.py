@@ -11,9 +11,10 @@ variables the optimizer was built with, the stand-ins; here its mapping is
 built on the model's own variables, so the weights other ranks own come
 back into the step's result.
 
-Not sharded under these backends yet (each refused by name when the
-optimizer is wrapped): `use_ema`, Keras's gradient accumulation and
-`backward_passes_per_step` > 1.
+Not under these backends yet (refused by name when the optimizer is
+wrapped): `backward_passes_per_step` > 1. Keras's own
+`gradient_accumulation_steps` and `use_ema` work: their slots follow the
+variables like every other slot.
 
 What may import this module: `hvdkeras.backends.optimizer`.
 """
@@ -77,19 +78,16 @@ class BackendShardedMixin(ShardedOptimizerMixin):
             [value], name=name, op=Sum, process_set=self._hvdkeras_shards.process_set)[0]
 
 
-def check_shardable(optimizer: Any, passes: int) -> None:
-    """Raises ValueError for what these backends cannot shard yet."""
-    holder = getattr(optimizer, "inner_optimizer", optimizer)
-    backend = keras.backend.backend()
-    if passes > 1 or holder.gradient_accumulation_steps:
+def check_shardable(passes: int) -> None:
+    """Raises ValueError for what these backends cannot shard yet: hvdkeras's
+    own accumulation reduces in `_clip_gradients`, which a sharded rank calls
+    for its own variables only, so the ranks would reduce different lists."""
+    if passes > 1:
         raise ValueError(
-            f"zero_stage=1 or 2 does not accumulate gradients under the {backend} backend yet: "
-            "leave backward_passes_per_step=1 and gradient_accumulation_steps unset, use "
+            f"zero_stage=1 or 2 with backward_passes_per_step={passes} is not supported under "
+            f"the {keras.backend.backend()} backend yet. Give the optimizer Keras's own "
+            f"gradient_accumulation_steps={passes} instead (each pass is then reduced), use "
             "zero_stage=0, or train with KERAS_BACKEND=tensorflow.")
-    if holder.use_ema:
-        raise ValueError(
-            f"zero_stage=1 or 2 does not shard an EMA (use_ema=True) under the {backend} "
-            "backend yet: use zero_stage=0, or train with KERAS_BACKEND=tensorflow.")
 
 
 def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:
