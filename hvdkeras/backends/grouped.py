@@ -43,8 +43,8 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
     a, b = hvd.grouped_allgather([keras.ops.ones((2, 3)), keras.ops.zeros((1,))])
     ```
     """
-    return _each_part(dispatch.backend_function("allgather"), tensors, name, "HvdkerasGroupedAllgather",
-                      process_set)
+    return _each_part(dispatch.backend_function("allgather"), tensors, name,
+                      "HvdkerasGroupedAllgather", process_set)
 
 
 def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,

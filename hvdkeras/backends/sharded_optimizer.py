@@ -6,10 +6,11 @@ backend: the same owner plan, stand-ins, slot layout, global-norm clipping
 and normal (unsharded) checkpoints. What differs here is how the step
 moves tensors (`sharded_exchange`): stage 2's gradients reach their owners
 by reduce-scatter, and the updated weights come back by one allgather per
-dtype (JAX) or one broadcast per owner into the variables (torch). Keras's JAX step calls `stateless_apply`, which Keras builds on the
-variables the optimizer was built with, the stand-ins; here its mapping is
-built on the model's own variables, so the weights other ranks own come
-back into the step's result.
+dtype (JAX) or one broadcast per owner into the variables (torch). Keras's
+JAX step calls `stateless_apply`, which Keras builds on the variables the
+optimizer was built with, the stand-ins; here its mapping is built on the
+model's own variables, so the weights other ranks own come back into the
+step's result.
 
 Not under these backends yet (refused by name when the optimizer is
 wrapped): `backward_passes_per_step` > 1. Keras's own

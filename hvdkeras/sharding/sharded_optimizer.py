@@ -4,13 +4,16 @@ variables only (ZeRO stages 1 and 2), updates them and shares the results.
 The class is placed in front of the optimizer that holds the slots (the
 user's optimizer, or a LossScaleOptimizer's inner one) by
 `hvdkeras.DistributedOptimizer(..., zero_stage=1|2)`; the gradient reduction
-in front of it stays in `training/optimizer.py`. `apply` receives a list
+in front of it stays in `training/optimizer.py` (TensorFlow) or
+`backends/optimizer.py` (torch, JAX, whose subclass in
+`backends/sharded_optimizer.py` moves their tensors). `apply` receives a list
 like the variables: reduced gradients for this rank's variables; for the
 others reduced gradients (stage 1), None (stage 2) or a scalar that carries
 the loss-scale decision (stage 2 under loss scaling), which it ignores.
 What a rank owns: Note [whole-variable shards] in `plan`.
 
-What may import this module: `hvdkeras.sharding` and `hvdkeras.training`.
+What may import this module: `hvdkeras.sharding`, `hvdkeras.training` and
+`hvdkeras.backends`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ in lists indexed like the variables); variables in no such list (the
 iteration count, the learning rate, Nadam's product) are shared and equal
 on every rank.
 
-What may import this module: `hvdkeras.sharding`.
+What may import this module: `hvdkeras.sharding` and `hvdkeras.backends`.
 """
 
 from __future__ import annotations
