@@ -18,11 +18,13 @@ layout); a failure still names its test in the output.
 
 By default the suite runs once, on the layout that is hardest for the
 hierarchical path (2+1+1: uneven hosts, a host's ranks not consecutive),
-with that path, and the equivalence runs on 2x2 hierarchical and 2+1+1 flat;
+with that path, over the files whose code depends on which ranks share a
+host (`SUITE_FILES`), and the equivalence runs on 2x2 hierarchical and
+2+1+1 flat;
 the flat path's MPI allreduce is the one the single-host sessions run with
 shared memory off (test_collectives_mpi.py), and tests/test_netlab.py runs
 the allreduce files on 2x2 real hosts. HVDKERAS_MULTIHOST_FULL=1 runs the
-suite and the equivalence on both layouts and both paths.
+whole suite and the equivalence on both layouts and both paths.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ pytestmark = pytest.mark.usefixtures("op_library_built")
 FULL = os.environ.get("HVDKERAS_MULTIHOST_FULL") == "1"
 # (layout, path) pairs of the default run: the suite's, then the fit's.
 SUITE_DEFAULT = {("3hosts-2+1+1", "hierarchical")}
+# The suite's files of the default run: those whose code paths depend on which
+# ranks share a host (allreduce paths, shared-memory domains, local and cross
+# ranks, sets spanning hosts). The rest run at 1, 2, 3 and 8 ranks on one
+# host (test_collectives_mpi.py, test_many_ranks.py), and here with FULL.
+SUITE_FILES = ("test_allreduce.py", "test_allreduce_large.py", "test_hosts.py",
+               "test_world.py", "test_broadcast.py", "test_gather_scatter.py",
+               "test_process_sets.py", "test_adasum.py")
 FIT_DEFAULT = {("2hosts-2x2", "hierarchical"), ("3hosts-2+1+1", "flat")}
 
 
@@ -72,8 +81,11 @@ def _env(path: str) -> dict:
 @pytest.mark.parametrize("layout, path", cases(SUITE_DEFAULT))
 def test_collective_suite_on_simulated_hosts(layout, path):
     np, hosts = LAYOUTS[layout]
-    result, reports = run_pytest_under_mpi(np, TESTS / "parallel", timeout=SUITE_TIMEOUT_S,
-                                           env=_env(path), hosts=hosts)
+    assert all((TESTS / "parallel" / f).exists() for f in SUITE_FILES), SUITE_FILES
+    files = [TESTS / "parallel"] if FULL else [TESTS / "parallel" / f for f in SUITE_FILES]
+    result, reports = run_pytest_under_mpi(np, files[0], timeout=SUITE_TIMEOUT_S,
+                                           env=_env(path), hosts=hosts,
+                                           extra_args=[str(f) for f in files[1:]])
     assert_every_rank_passed(np, result, reports)
 
 
