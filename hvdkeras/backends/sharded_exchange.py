@@ -63,25 +63,11 @@ def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], r
                              world_size: int, name: str, op: int, prescale: float,
                              postscale: float, process_set: ProcessSet,
                              compression: Optional[Any] = None) -> Dict[int, Any]:
-    """Reduces dense gradients across ranks; each rank gets its own only.
-
-    Args:
-        gradients: Gradients by variable position, the same positions and
-            shapes on every rank (replicated positions left out).
-        owners: The plan (`plan.plan_owners`).
-        rank: This rank's position in the process set.
-        world_size: The process set's size.
-        name: Collective name prefix, the same on every rank.
-        op: The wire op (Sum or Average).
-        prescale: Multiplies every gradient before the reduction.
-        postscale: Multiplies the result.
-        process_set: The ranks that share the state.
-        compression: `hvdkeras.Compression.fp16`/`.bf16` sends floating
-            gradients at half width.
-
-    Returns:
-        The reduced gradients of the positions `rank` owns, in their dtypes.
-    """
+    """Reduces dense gradients across ranks; each rank gets its own only: the
+    arguments and result of `hvdkeras.sharding.exchange.reduce_scatter_to_owners`
+    on the backend's tensors, plus `compression` (`hvdkeras.Compression.fp16`
+    or `.bf16` sends floating gradients at half width; the results come back
+    in their own dtypes)."""
     reducescatter = dispatch.backend_function("reducescatter")
     wire = _WIRE_DTYPES.get(getattr(compression, "name", "none"))
     shapes = {p: tuple(g.shape) for p, g in gradients.items()}
