@@ -2,12 +2,12 @@
 backends: gradients to their owners (one reduce-scatter per dtype, ZeRO
 stage 2) and updated weights back to every rank (stages 1 and 2).
 
-Under JAX both work on one flat buffer per dtype laid out by
-`plan.plan_blocks`: a block per rank, holding that rank's variables one
-after another, padded to the longest block. Every block then has the same
-length, which is what an even reduce-scatter needs and what `jax.jit` needs
-of the weights' allgather (the shape each rank receives is fixed when the
-step compiles). Under torch the weights instead travel as one fused
+Both work on one flat buffer per dtype laid out by `plan.plan_blocks`: a
+block per rank, holding that rank's variables one after another, padded to
+the longest block. Every block then has the same length, which is what an
+even reduce-scatter needs and what `jax.jit` needs of the weights'
+allgather (the shape each rank receives is fixed when the step compiles).
+Under torch the weights instead travel as one fused
 broadcast per owner straight into the variables' own memory: the flat
 buffers cost a fresh allocation and two copies per step there, about as long
 as the exchange itself (measured in docs/backends.md). The tensors are
@@ -21,7 +21,7 @@ What may import this module: the rest of `hvdkeras.backends`.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -31,15 +31,21 @@ from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.sharding.plan import REPLICATED, Blocks, by_dtype, plan_blocks
 
-_WIRE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+def _elements(shape: Sequence[int]) -> int:
+    return int(np.prod(tuple(shape), dtype=np.int64))
 
 
-def _elements(value: Any) -> int:
-    return int(np.prod(tuple(value.shape), dtype=np.int64))
-
-
-def _dtype(value: Any) -> str:
-    return keras.backend.standardize_dtype(value.dtype)
+def _dtype_blocks(values: Dict[int, Any], owners: Sequence[int], world_size: int
+                  ) -> Iterator[Tuple[int, str, Blocks]]:
+    """(number, dtype, layout) of each dtype's flat buffer that holds anything,
+    in the same order on every rank."""
+    groups = by_dtype(sorted(values),
+                      lambda p: keras.backend.standardize_dtype(values[p].dtype))
+    for number, (dtype, positions) in enumerate(groups.items()):
+        blocks = plan_blocks(positions, {p: _elements(values[p].shape) for p in positions},
+                             owners, world_size)
+        if blocks.padded:
+            yield number, dtype, blocks
 
 
 def _block_buffer(values: Dict[int, Any], blocks: Blocks, rank: int, dtype: str) -> List[Any]:
@@ -54,7 +60,7 @@ def _unpack(flat: Any, blocks: Blocks, rank: int, start: int,
             shapes: Dict[int, Sequence[int]]) -> Dict[int, Any]:
     out = {}
     for p, offset in zip(blocks.members[rank], blocks.offsets[rank]):
-        size = int(np.prod(shapes[p], dtype=np.int64))
+        size = _elements(shapes[p])
         out[p] = keras.ops.reshape(flat[start + offset:start + offset + size], shapes[p])
     return out
 
@@ -69,15 +75,11 @@ def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], r
     or `.bf16` sends floating gradients at half width; the results come back
     in their own dtypes)."""
     reducescatter = dispatch.backend_function("reducescatter")
-    wire = _WIRE_DTYPES.get(getattr(compression, "name", "none"))
+    # The compressor's own wire dtype (hvdkeras.collectives.compression).
+    wire = getattr(getattr(compression, "wire_dtype", None), "name", None)
     shapes = {p: tuple(g.shape) for p, g in gradients.items()}
     result: Dict[int, Any] = {}
-    groups = by_dtype(sorted(gradients), lambda p: _dtype(gradients[p]))
-    for number, (dtype, positions) in enumerate(groups.items()):
-        blocks = plan_blocks(positions, {p: _elements(gradients[p]) for p in positions},
-                             owners, world_size)
-        if blocks.padded == 0:
-            continue
+    for number, dtype, blocks in _dtype_blocks(gradients, owners, world_size):
         parts = [part for r in range(world_size)
                  for part in _block_buffer(gradients, blocks, r, dtype)]
         buffer = keras.ops.concatenate(parts, axis=0)
@@ -139,12 +141,7 @@ def allgather_from_owners(values: Dict[int, Any], owners: Sequence[int], rank: i
     allgather = dispatch.backend_function("allgather")
     shapes = {p: tuple(v.shape) for p, v in values.items()}
     result: Dict[int, Any] = {}
-    groups = by_dtype(sorted(values), lambda p: _dtype(values[p]))
-    for number, (dtype, positions) in enumerate(groups.items()):
-        blocks = plan_blocks(positions, {p: _elements(values[p]) for p in positions},
-                             owners, world_size)
-        if blocks.padded == 0:
-            continue
+    for number, dtype, blocks in _dtype_blocks(values, owners, world_size):
         mine = keras.ops.concatenate(_block_buffer(values, blocks, rank, dtype), axis=0)
         everyone = allgather(mine, name=name if number == 0 else f"{name}.{number}",
                              process_set=process_set)

@@ -11,7 +11,7 @@ What may import this module: the rest of `hvdkeras.backends.torch`.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -27,6 +27,16 @@ def _host_tensor(tensor: torch.Tensor, what: str) -> host.HostTensor:
                          f"got one on {tensor.device}. Move it with .cpu().")
     return host.HostTensor(tensor.data_ptr(), tuple(tensor.shape),
                            str(tensor.dtype).removeprefix("torch."))
+
+
+def _per_dtype(tensors: Sequence[torch.Tensor], name: str) -> List[Tuple[str, List[int]]]:
+    """One request per dtype: its name (`name`, or `name.<dtype>` when there
+    are several) and the positions of its tensors, in dtype order."""
+    by_dtype: Dict[str, List[int]] = {}
+    for index, t in enumerate(tensors):
+        by_dtype.setdefault(str(t.dtype), []).append(index)
+    return [(name if len(by_dtype) == 1 else f"{name}.{dtype}", chosen)
+            for dtype, chosen in sorted(by_dtype.items())]
 
 
 def _inputs(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
@@ -72,13 +82,9 @@ def broadcast(tensors: List[torch.Tensor], name: str, root_rank: int,
               process_set_id: int) -> List[torch.Tensor]:
     inputs = _inputs(tensors)
     outputs = [torch.empty_like(t) for t in inputs]
-    by_dtype = {}
-    for index, t in enumerate(inputs):
-        by_dtype.setdefault(str(t.dtype), []).append(index)
-    for dtype, chosen in sorted(by_dtype.items()):
+    for request, chosen in _per_dtype(inputs, name):
         host.broadcast([_host_tensor(inputs[i], "broadcast") for i in chosen],
-                       [outputs[i].data_ptr() for i in chosen],
-                       name if len(by_dtype) == 1 else f"{name}.{dtype}", root_rank,
+                       [outputs[i].data_ptr() for i in chosen], request, root_rank,
                        process_set_id, keep=(inputs, outputs))
     return outputs
 
@@ -123,14 +129,11 @@ def allreduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int, pres
     owns them (the distributed optimizer's gradients), and saves the fresh
     output a reduction otherwise allocates, whose first touch costs page
     faults on every step."""
-    by_dtype = {}
-    for t in tensors:
-        by_dtype.setdefault(str(t.dtype), []).append(t)
-    for dtype, chosen in sorted(by_dtype.items()):
-        host.allreduce([_host_tensor(t, "allreduce") for t in chosen],
-                       [t.data_ptr() for t in chosen],
-                       name if len(by_dtype) == 1 else f"{name}.{dtype}", op, prescale,
-                       postscale, process_set_id, keep=chosen)
+    for request, chosen in _per_dtype(tensors, name):
+        group = [tensors[i] for i in chosen]
+        host.allreduce([_host_tensor(t, "allreduce") for t in group],
+                       [t.data_ptr() for t in group], request, op, prescale, postscale,
+                       process_set_id, keep=group)
 
 
 def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: int,
@@ -139,17 +142,14 @@ def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: in
     autograd, no new memory), one fused request per dtype. Not an op: it
     mutates its arguments, for code that owns them (the sharded optimizer's
     weights)."""
-    by_dtype = {}
-    for t in tensors:
-        if not t.is_contiguous():
-            raise ValueError(f"hvdkeras broadcast '{name}' writes in place and needs contiguous "
-                             "tensors.")
-        by_dtype.setdefault(str(t.dtype), []).append(t)
-    for dtype, chosen in sorted(by_dtype.items()):
-        host.broadcast([_host_tensor(t, "broadcast") for t in chosen],
-                       [t.data_ptr() for t in chosen],
-                       name if len(by_dtype) == 1 else f"{name}.{dtype}", root_rank,
-                       process_set_id, keep=chosen)
+    if not all(t.is_contiguous() for t in tensors):
+        raise ValueError(f"hvdkeras broadcast '{name}' writes in place and needs contiguous "
+                         "tensors.")
+    for request, chosen in _per_dtype(tensors, name):
+        group = [tensors[i] for i in chosen]
+        host.broadcast([_host_tensor(t, "broadcast") for t in group],
+                       [t.data_ptr() for t in group], request, root_rank, process_set_id,
+                       keep=group)
 
 
 def _allocating(tensor: torch.Tensor):
