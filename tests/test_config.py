@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -374,3 +375,11 @@ def test_ours_win_over_horovods_and_say_so():
 def test_a_bad_horovod_value_is_named_as_set():
     with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME='x' is not a number"):
         engine_config_from_env({"HOROVOD_CYCLE_TIME": "x"})
+
+
+def test_the_graph_pass_reads_the_variable_config_names():
+    """ops/tf/separate_allreduces.cc reads its switch itself (TensorFlow runs the
+    pass, not init()); the name must be the one config.py and the docs give."""
+    source = (Path(__file__).resolve().parents[1] / "ops" / "tf" /
+              "separate_allreduces.cc").read_text()
+    assert f'"{config.MERGE_SEPARATE_ALLREDUCES}"' in source

@@ -30,6 +30,10 @@ ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
 SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
 SHM_ARENA_BYTES = "HVDKERAS_SHM_ARENA_BYTES"
 HIERARCHICAL_ALLREDUCE = "HVDKERAS_HIERARCHICAL_ALLREDUCE"
+# "0" turns off the TensorFlow graph pass that runs a function's independent
+# one-tensor allreduces in one kernel (Note [separate allreduces in one
+# kernel] in ops/tf/separate_allreduces.cc, which reads the variable itself).
+MERGE_SEPARATE_ALLREDUCES = "HVDKERAS_MERGE_SEPARATE_ALLREDUCES"
 # Set by the launcher: the number of ranks it started. init() compares it with
 # MPI's world size to catch an mpiexec of another MPI (N worlds of size 1).
 EXPECTED_SIZE = "HVDKERAS_EXPECTED_SIZE"

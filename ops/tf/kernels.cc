@@ -2,6 +2,8 @@
 // engine and finish when its callback fires. All policy lives in the engine
 // or in Python; this file only translates types and statuses. The ops
 // themselves are declared in op_definitions.cc.
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -192,6 +194,13 @@ class AllreduceKernel : public CollectiveKernel {
     reduce_op_ = static_cast<ReduceOp>(reduce_op);
     OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
     OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    if (c->HasAttr("tensor_names")) {
+      OP_REQUIRES_OK(c, c->GetAttr("tensor_names", &separate_names_));
+      int n = 0;
+      OP_REQUIRES_OK(c, c->GetAttr("N", &n));
+      OP_REQUIRES(c, separate_names_.empty() || static_cast<int>(separate_names_.size()) == n,
+                  absl::InvalidArgumentError("hvdkeras: tensor_names needs one name per tensor"));
+    }
   }
 
  protected:
@@ -200,6 +209,7 @@ class AllreduceKernel : public CollectiveKernel {
   }
   Status Submit(tf::OpKernelContext*, std::vector<TensorRef> refs,
                 hvdkeras::DoneCallback finish) override {
+    if (!separate_names_.empty()) return SubmitSeparately(std::move(refs), std::move(finish));
     return EnqueueAllreduce(tensor_name_, std::move(refs), reduce_op_, prescale_, postscale_,
                             process_set_, std::move(finish));
   }
@@ -208,9 +218,48 @@ class AllreduceKernel : public CollectiveKernel {
   double postscale() const { return postscale_; }
 
  private:
+  // Each tensor as a collective of its own, under its own name (Note
+  // [separate allreduces in one kernel]); `finish` runs once, after the last,
+  // with the first error any of them had.
+  Status SubmitSeparately(std::vector<TensorRef> refs, hvdkeras::DoneCallback finish) {
+    struct Countdown {
+      std::mutex mu;
+      size_t left;
+      Status first_error = Status::OK();
+      hvdkeras::DoneCallback finish;
+    };
+    auto countdown = std::make_shared<Countdown>();
+    countdown->left = refs.size();
+    countdown->finish = std::move(finish);
+    auto one_done = [countdown](const Status& status) {
+      hvdkeras::DoneCallback finish;
+      Status result = Status::OK();
+      {
+        std::lock_guard<std::mutex> lock(countdown->mu);
+        if (!status.ok() && countdown->first_error.ok()) countdown->first_error = status;
+        if (--countdown->left > 0) return;
+        finish = std::move(countdown->finish);
+        result = countdown->first_error;
+      }
+      finish(result);
+    };
+    for (size_t i = 0; i < refs.size(); ++i) {
+      std::vector<TensorRef> one;
+      one.push_back(std::move(refs[i]));
+      const Status queued = EnqueueAllreduce(separate_names_[i], std::move(one), reduce_op_,
+                                             prescale_, postscale_, process_set_, one_done);
+      if (queued.ok()) continue;
+      if (i == 0) return queued;  // nothing queued: the caller finishes the kernel
+      for (size_t rest = i; rest < refs.size(); ++rest) one_done(queued);
+      break;
+    }
+    return Status::OK();
+  }
+
   ReduceOp reduce_op_ = ReduceOp::kSum;
   float prescale_ = 1.0f;
   float postscale_ = 1.0f;
+  std::vector<std::string> separate_names_;
 };
 
 class BroadcastKernel : public CollectiveKernel {

@@ -43,6 +43,9 @@ REGISTER_OP("HvdkerasAllreduce")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
     .Attr("process_set_id: int = 0")
+    // Set only by the graph pass of Note [separate allreduces in one kernel]:
+    // one engine name per tensor, each reduced as a collective of its own.
+    .Attr("tensor_names: list(string) = []")
     .Input("tensors: N * T")
     .Output("outputs: N * T")
     .SetIsStateful()  // never constant-folded or deduplicated
