@@ -4,8 +4,9 @@ started again, resumes from its newest checkpoint (mid-epoch ones included)
 and ends with the same weights and optimizer state, bit for bit, as an
 uninterrupted run of the same recipe.
 
-Two seeds (each a different kill step) run by default; the long variant,
-`HVDKERAS_RESUME_SEEDS=N`, runs N (each seed costs about 15 s here).
+One seed (one kill step) runs by default, to keep the default CI run near
+45 minutes; the long variant, `HVDKERAS_RESUME_SEEDS=N`, runs N (the second
+is 29, then random ones; each costs about 40 s in a full CI run here).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ TIMEOUT = 300
 STEPS_PER_EPOCH = 25  # 1797 digits, 10% held out, over 2 ranks, batch 32
 EPOCHS = 3
 EVERY_STEPS = 7
-SEEDS = [11, 29] + random.Random(0).sample(range(100, 10_000),
-                                           max(0, int(os.environ.get("HVDKERAS_RESUME_SEEDS", "2")) - 2))
+SEED_COUNT = max(1, int(os.environ.get("HVDKERAS_RESUME_SEEDS", "1")))
+SEEDS = ([11, 29] + random.Random(0).sample(range(100, 10_000), max(0, SEED_COUNT - 2)))[
+    :SEED_COUNT]
 
 RECIPE = """\
 version: 1
