@@ -32,6 +32,7 @@
 // must run (its control outputs) is kept as a NoOp of the same name that
 // waits for the merged node. HVDKERAS_MERGE_SEPARATE_ALLREDUCES=0 turns the
 // pass off (hvdkeras/engine/config.py names the variable).
+
 // TensorFlow's graph classes have another layout without NDEBUG (an edge set
 // counts its mutations in debug builds); the pip package is a release build,
 // and this file walks its graphs' edges.
@@ -90,12 +91,11 @@ bool IsCandidate(const tf::Node* node, MergeKey* key) {
   const tf::AttrSlice attrs = node->attrs();
   int64_t n = 0;
   std::string tensor_name;
-  std::vector<std::string> names;
+  // N == 1 also rules out nodes this pass made (they carry two or more).
   if (!tf::TryGetNodeAttr(attrs, "N", &n) || n != 1) return false;
   if (!tf::TryGetNodeAttr(attrs, "tensor_name", &tensor_name) || !tensor_name.empty()) {
     return false;
   }
-  if (tf::TryGetNodeAttr(attrs, "tensor_names", &names) && !names.empty()) return false;
   if (attrs.Find("_class") != nullptr) return false;  // colocation constraints
   if (!tf::TryGetNodeAttr(attrs, "T", &key->dtype) ||
       !tf::TryGetNodeAttr(attrs, "reduce_op", &key->reduce_op) ||
