@@ -28,17 +28,22 @@ MAX_LINES = 450
 ALLOWED: Dict[str, Set[str]] = {
     "hvdkeras.compat": set(),
     "hvdkeras.engine": {"hvdkeras.compat"},
-    "hvdkeras.collectives": {"hvdkeras.engine", "hvdkeras.compat"},  # compat: XLA custom calls
+    "hvdkeras.collectives": {"hvdkeras.engine", "hvdkeras.compat",  # compat: XLA custom calls
+                             "hvdkeras.host.objects"},  # pickling, shared with host's
     "hvdkeras.gpu": {"hvdkeras.engine"},
+    # Collectives on host memory, for every backend (no framework).
+    "hvdkeras.host": {"hvdkeras.engine"},
     # The other Keras backends: beside collectives, on the engine's C entry points;
     # their optimizer shards state with the sharded optimizer every backend shares.
-    "hvdkeras.backends": {"hvdkeras.engine", "hvdkeras.compat", "hvdkeras.sharding"},
+    "hvdkeras.backends": {"hvdkeras.engine", "hvdkeras.compat", "hvdkeras.sharding",
+                          "hvdkeras.host"},
     # Sharded optimizer state: below training (which wraps optimizers in it).
-    "hvdkeras.sharding": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat"},
+    "hvdkeras.sharding": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat",
+                          "hvdkeras.host"},
     "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat",
-                          "hvdkeras.sharding", "hvdkeras.backends"},
+                          "hvdkeras.sharding", "hvdkeras.backends", "hvdkeras.host"},
     "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.sharding", "hvdkeras.collectives",
-                           "hvdkeras.gpu", "hvdkeras.backends",
+                           "hvdkeras.gpu", "hvdkeras.backends", "hvdkeras.host",
                            "hvdkeras.engine", "hvdkeras.compat",
                            "hvdkeras.report.run_data"},  # the figures' key prefix
     "hvdkeras.runner": {"hvdkeras.engine.config", "hvdkeras.engine.failfast"},  # both stdlib-only

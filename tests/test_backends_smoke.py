@@ -41,6 +41,21 @@ def test_init_and_collectives_leave_tensorflow_out(backend):
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
+@pytest.mark.parametrize("backend,zero_stage", [("torch", 2), ("jax", 1)])
+def test_a_training_run_with_checkpoints_leaves_tensorflow_out(backend, zero_stage, tmp_path):
+    """Distributed optimizer (fp16 wire, sharded state), the standard callbacks,
+    rank-0 checkpoints, resuming, `load_model` and the object collectives
+    run with TensorFlow unimportable, and hvdkeras never tries to import it."""
+    result = run_under_mpi(2, [str(SCRIPTS / "backend_training_without_tf_job.py"),
+                               str(tmp_path), str(zero_stage)], timeout=TIMEOUT,
+                           env=backend_env(backend))
+    assert result.returncode == 0, describe(result)
+    for rank, output in enumerate(result.ranks):
+        assert f"rank {rank} tensorflow_imported False hvdkeras_tried []" in output.stdout, \
+            output.stdout + output.stderr
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
 def test_torch_reduces_during_backward_across_hosts():
     """`HVDKERAS_TORCH_BACKWARD_OVERLAP=auto` turns on with ranks on two
     (simulated) hosts, and the results stay exact."""

@@ -1,13 +1,12 @@
 """Keras backends other than TensorFlow, each behind the engine's C entry
 points (Note [one engine, many bindings] in `hvdkeras/engine/toolchain.py`).
 
-`host` runs collectives on host buffers given by address, shape and element
-type name; `arrays` offers them on NumPy arrays (used by what every backend
-shares: callbacks, metric averaging, broadcasting Keras variables in
-`variables`). Each framework is one folder (`torch/`): its tensors, its
-custom ops and autograd, its `DistributedOptimizer`. `dispatch` says which
-public names a backend defines itself.
+Each framework is one folder (`torch/`, `jax/`): its tensors, its custom ops
+and autograd. Beside them: `optimizer` (their `DistributedOptimizer`),
+`variables` (broadcasting Keras variables through `hvdkeras.host`) and
+`dispatch`, which says which public names a backend defines itself.
 
 What may import this package: the facade (`hvdkeras/__init__.py`), the
-callbacks and the recipes; it imports `hvdkeras.engine` only.
+callbacks, `hvdkeras.training` and the recipes; it imports `hvdkeras.engine`,
+`hvdkeras.host` and `hvdkeras.sharding`.
 """

@@ -20,6 +20,8 @@ from hvdkeras.engine import frameworks
 _COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "reducescatter",
                 "barrier")
 _SHARED = {"broadcast_variables": "hvdkeras.backends.variables",
+           "broadcast_object": "hvdkeras.host.objects",
+           "allgather_object": "hvdkeras.host.objects",
            "grouped_allgather": "hvdkeras.backends.grouped",
            "grouped_reducescatter": "hvdkeras.backends.grouped"}
 

@@ -22,7 +22,7 @@ to it under these backends).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 import importlib
 
@@ -34,7 +34,6 @@ from hvdkeras.backends.gradient_reduction import reduce_gradients, reduction_sca
 from hvdkeras.engine import config, frameworks, process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
-from hvdkeras.sharding.checks import check_zero_stage
 from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, shard_holder
 
 
@@ -199,22 +198,23 @@ def is_distributed(optimizer: Any) -> bool:
     return isinstance(optimizer, _TorchDistributedMixin)
 
 
-def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
                          name: Optional[str] = None, compression: Any = None,
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False,
                          gradient_predivide_factor: float = 1.0, op: int = Average,
                          num_groups: int = 0, groups: Optional[Sequence[Sequence[Any]]] = None,
-                         device_dense: str = "", device_sparse: str = "",
                          process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True,
                          zero_stage: int = 0) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer average gradients across all ranks (torch, jax).
 
-    The arguments are those of the TensorFlow backend's `DistributedOptimizer`.
+    `hvdkeras.DistributedOptimizer` calls this under these backends, once it
+    has checked what every backend shares (a Keras 3 optimizer, not yet
+    distributed; the ZeRO stage); the arguments are its own.
 
     Args:
-        optimizer: A `keras.optimizers.Optimizer` or a name such as `"adam"`.
+        optimizer: A Keras 3 optimizer.
         name: Prefix of the collective names (the same on every rank).
         compression: `hvdkeras.Compression.fp16` or `.bf16` to send gradients
             at half width.
@@ -248,15 +248,6 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     model.compile(optimizer=opt, loss="mse")
     ```
     """
-    if isinstance(optimizer, str):
-        optimizer = keras.optimizers.get(optimizer)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError("hvdkeras.DistributedOptimizer needs a Keras 3 optimizer "
-                        f"(keras.optimizers.*), got {type(optimizer).__name__}.")
-    if is_distributed(optimizer):
-        raise ValueError(f"Optimizer {optimizer.name!r} is already distributed; wrap each "
-                         "optimizer once.")
-    check_zero_stage(zero_stage, op, process_set, optimizer)
     if zero_stage:
         sharded_optimizer.check_shardable(backward_passes_per_step)
     _check_passes(optimizer, backward_passes_per_step)

@@ -76,7 +76,7 @@ def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], r
     in their own dtypes)."""
     reducescatter = dispatch.backend_function("reducescatter")
     # The compressor's own wire dtype (hvdkeras.collectives.compression).
-    wire = getattr(getattr(compression, "wire_dtype", None), "name", None)
+    wire = getattr(compression, "wire_dtype", None)
     shapes = {p: tuple(g.shape) for p, g in gradients.items()}
     result: Dict[int, Any] = {}
     for number, dtype, blocks in _dtype_blocks(gradients, owners, world_size):

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import keras
 
-from hvdkeras.backends import arrays
+from hvdkeras.host import arrays
 from hvdkeras.engine.process_sets import ProcessSet
 
 

@@ -11,7 +11,6 @@ import weakref
 from typing import Any
 
 from hvdkeras import compat
-from hvdkeras.collectives import xla_calls
 from hvdkeras.engine import frameworks
 from hvdkeras.training.optimizer import check_model_optimizer_nesting
 from hvdkeras.training.output import print_rank0
@@ -43,6 +42,8 @@ def turn_off_xla_for_training(model: Any, reason: str = "") -> bool:
         enabled = bool(model.jit_compile)
     except AttributeError:
         return False
+    from hvdkeras.collectives import xla_calls  # lazy: TensorFlow's, loaded under it alone
+
     why = reason or (xla_calls.refusal() if enabled else "")
     if not enabled or not why:
         return False

@@ -8,7 +8,7 @@ from typing import Optional
 import keras
 
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.collectives.objects import broadcast_object
+from hvdkeras.host.objects import broadcast_object
 from hvdkeras.engine import world
 from hvdkeras.training import checkpoint_naming
 from hvdkeras.sharding.sharded_optimizer import shard_holder

@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 import keras
-import tensorflow as tf
 
 from hvdkeras.callbacks._prepare import UNBUILT_REASON, prepare_model, turn_off_xla_for_training
-from hvdkeras.collectives.broadcasting import broadcast_variables
 from hvdkeras.engine import frameworks
 from hvdkeras.training.model_sync import broadcast_model
 
@@ -53,7 +51,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.local_variables = list(local_variables or [])
         self.broadcast_done = False
 
-        self._in_step: Optional[tf.Variable] = None
+        self._in_step: Optional[Any] = None  # a tf.Variable: set in the step
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -68,6 +66,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast_in_first_step(model)
 
     def _broadcast_in_first_step(self, model: Any) -> None:
+        import tensorflow as tf  # lazy: this step is TensorFlow's (set_model checks)
+
+        from hvdkeras.collectives.broadcasting import broadcast_variables  # lazy: as above
+
         done = tf.Variable(False, trainable=False, name="hvdkeras_broadcast_done")
         self._in_step = done
         step = model.train_step

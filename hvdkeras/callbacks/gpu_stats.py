@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import keras
 
-from hvdkeras.collectives import allgather_object
+from hvdkeras.host.objects import allgather_object
 from hvdkeras.engine import world
 from hvdkeras.gpu import nvml
 from hvdkeras.gpu.pin import pinned_device_entry

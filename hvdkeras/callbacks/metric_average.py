@@ -9,7 +9,7 @@ import keras
 import numpy as np
 
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.backends.arrays import allreduce
+from hvdkeras.host.arrays import allreduce
 from hvdkeras.engine import world
 from hvdkeras.engine.types import Average, Max
 

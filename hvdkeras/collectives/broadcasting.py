@@ -9,6 +9,7 @@ from typing import Iterable, Optional, Sequence
 
 import tensorflow as tf
 
+from hvdkeras.collectives import gradients  # noqa: F401  (registers the gradients of its ops)
 from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import TensorLike, check_dtype, not_converted
 from hvdkeras.engine import process_sets

@@ -6,15 +6,22 @@ reduced across ranks and casts the result back afterwards. Halving the bytes
 on the wire costs precision in the reduced values, not in the variables or the
 optimizer state, which stay in their own dtype.
 
+The compressors name their wire dtype (`wire_dtype`, a dtype name); the
+casts here are TensorFlow's, and the other backends cast with their own
+tensors. Importing this module loads no framework: under torch and JAX the
+compressors are only names.
+
 What may import this module: the rest of `hvdkeras.collectives`,
-`hvdkeras.training`, the recipes' training code and the top-level package.
+`hvdkeras.training`, `hvdkeras.backends`, the recipes' training code and the
+top-level package.
 """
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import TYPE_CHECKING, Any, Tuple
 
-import tensorflow as tf
+if TYPE_CHECKING:  # annotations only; the casts import TensorFlow when they run
+    import tensorflow as tf
 
 
 class Compressor:
@@ -41,17 +48,21 @@ class Compressor:
 class _CastCompressor(Compressor):
     """Casts floating tensors of other widths to `wire_dtype` and back."""
 
-    wire_dtype: tf.DType = tf.float16
+    wire_dtype: str = "float16"
 
     def compress(self, tensor: tf.Tensor) -> Tuple[tf.Tensor, Any]:
+        import tensorflow as tf  # lazy: only TensorFlow tensors are cast here
+
         original = tensor.dtype
-        if original.is_floating and original != self.wire_dtype:
+        if original.is_floating and original.name != self.wire_dtype:
             return tf.cast(tensor, self.wire_dtype), original
         return tensor, None
 
     def decompress(self, tensor: tf.Tensor, context: Any) -> tf.Tensor:
         if context is None:
             return tensor
+        import tensorflow as tf  # lazy: as in `compress`
+
         return tf.cast(tensor, context)
 
 
@@ -59,14 +70,14 @@ class FP16Compressor(_CastCompressor):
     """Sends floating tensors as float16 (10-bit mantissa, range +-65504)."""
 
     name = "fp16"
-    wire_dtype = tf.float16
+    wire_dtype = "float16"
 
 
 class BF16Compressor(_CastCompressor):
     """Sends floating tensors as bfloat16 (float32's range, 7-bit mantissa)."""
 
     name = "bf16"
-    wire_dtype = tf.bfloat16
+    wire_dtype = "bfloat16"
 
 
 class Compression:

@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
+from hvdkeras.collectives import gradients  # noqa: F401  (registers the gradients of its ops)
 from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import (TensorLike, not_converted, per_dtype, resolve_op,
                                          to_tensors)

@@ -1,4 +1,8 @@
-"""Collectives on picklable Python objects (serialised with cloudpickle).
+"""Collectives on picklable Python objects (serialised with cloudpickle) as
+TensorFlow tensors, eagerly or in TensorFlow 1 graph code with a session:
+TensorFlow's `broadcast_object` and `allgather_object`. Under the other
+backends they are `hvdkeras.host.objects`'s, which the callbacks use under
+every backend.
 
 What may import this module: `hvdkeras.collectives` and the layers above it.
 """
@@ -7,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
-import cloudpickle
 import numpy as np
 import tensorflow as tf
 
@@ -15,6 +18,7 @@ from hvdkeras.collectives.broadcasting import broadcast
 from hvdkeras.collectives.gather_scatter import allgather
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
+from hvdkeras.host.objects import deserialised, serialised
 
 
 def _evaluator(what: str, session: Any) -> Callable[[tf.Tensor], np.ndarray]:
@@ -57,7 +61,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     value = _evaluator("broadcast_object", session)
     base = name or "HvdkerasBroadcastObject"
     is_root = ps.ranks[ps.set_rank] == root_rank
-    payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8) if is_root else None
+    payload = serialised(obj) if is_root else None
     length = broadcast(tf.constant([payload.size if is_root else 0], tf.int64), root_rank,
                        name=f"{base}.length", process_set=process_set)
     length = value(length)
@@ -65,7 +69,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
         payload = np.zeros(int(length[0]), np.uint8)
     data = value(broadcast(tf.constant(payload), root_rank, name=f"{base}.data",
                            process_set=process_set))
-    return obj if is_root else cloudpickle.loads(data.tobytes())
+    return obj if is_root else deserialised([length[0]], data)[0]
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
@@ -91,12 +95,8 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     process_sets.view(process_set)
     value = _evaluator("allgather_object", session)
     base = name or "HvdkerasAllgatherObject"
-    payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+    payload = serialised(obj)
     lengths = value(allgather(tf.constant([payload.size], tf.int64), name=f"{base}.lengths",
                               process_set=process_set))
     data = value(allgather(tf.constant(payload), name=f"{base}.data", process_set=process_set))
-    out, offset = [], 0
-    for n in lengths:
-        out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))
-        offset += int(n)
-    return out
+    return deserialised(lengths, data)

@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
+from hvdkeras.collectives import gradients  # noqa: F401  (registers the gradients of its ops)
 from hvdkeras.collectives import kernels, sparse
 from hvdkeras.collectives.adasum import adasum_allreduce
 from hvdkeras.collectives.common import (TensorLike, check_dtype, not_converted, per_dtype, resolve_op,

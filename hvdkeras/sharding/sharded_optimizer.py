@@ -4,9 +4,10 @@ variables only (ZeRO stages 1 and 2), updates them and shares the results.
 The class is placed in front of the optimizer that holds the slots (the
 user's optimizer, or a LossScaleOptimizer's inner one) by
 `hvdkeras.DistributedOptimizer(..., zero_stage=1|2)`; the gradient reduction
-in front of it stays in `training/optimizer.py` (TensorFlow) or
+in front of it stays in `training/tf_optimizer.py` (TensorFlow, whose
+subclass in `tf_sharded_optimizer.py` moves its tensors) or
 `backends/optimizer.py` (torch, JAX, whose subclass in
-`backends/sharded_optimizer.py` moves their tensors). `apply` receives a list
+`backends/sharded_optimizer.py` moves theirs). This module loads no framework. `apply` receives a list
 like the variables: reduced gradients for this rank's variables; for the
 others reduced gradients (stage 1), None (stage 2) or a scalar that carries
 the loss-scale decision (stage 2 under loss scaling), which it ignores.
@@ -22,17 +23,15 @@ from typing import Any, Dict, List, Optional
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from hvdkeras.collectives.reduction import grouped_allreduce
-from hvdkeras.engine.types import Sum
-from hvdkeras.sharding.exchange import broadcast_from_owners
 from hvdkeras.sharding.plan import REPLICATED
 from hvdkeras.sharding.state import ShardState, slot_layout
 
 
 class ShardedOptimizerMixin:
-    """Methods placed in front of the slot-holding optimizer's class."""
+    """Methods placed in front of the slot-holding optimizer's class, for every
+    backend; each backend's subclass moves the tensors (TensorFlow's in
+    `tf_sharded_optimizer`, torch's and JAX's in `hvdkeras/backends`)."""
 
     _hvdkeras_shards: ShardState
 
@@ -68,13 +67,7 @@ class ShardedOptimizerMixin:
 
     def _hvdkeras_after_update(self) -> None:
         """Shares the updated weights (on update steps, when Keras accumulates)."""
-        if self.gradient_accumulation_steps and not self.use_ema:
-            steps = self.gradient_accumulation_steps
-            tf.cond(tf.equal(self._iterations % steps, 0),
-                    lambda: self._hvdkeras_share_weights() or tf.constant(True),
-                    lambda: tf.constant(True))
-        else:
-            self._hvdkeras_share_weights()
+        raise NotImplementedError("each backend's sharded class moves its own tensors")
 
     def _hvdkeras_step_without_variables(self) -> None:
         """What `apply` does on a rank that owns none of the gradients: the
@@ -85,24 +78,7 @@ class ShardedOptimizerMixin:
 
     def _hvdkeras_share_weights(self) -> None:
         """Gives every rank the values of the variables other ranks own."""
-        state = self._hvdkeras_shards
-        if state.world_size == 1:
-            return
-        values = {p: tf.convert_to_tensor(v) for p, v in enumerate(state.variables)
-                  if state.owners[p] != REPLICATED}
-        received = broadcast_from_owners(values, state.owners, state.rank, state.world_size,
-                                         f"{state.name}_weights", state.process_set)
-        kept_alive = set()
-        for p, value in received.items():
-            if state.owners[p] != state.rank:
-                state.variables[p].assign(value)
-            elif value.dtype not in kept_alive:
-                # In a tf.function an op nothing uses is pruned, and the
-                # collectives are exempt from running in program order, so
-                # each broadcast this rank roots (one per dtype) needs a
-                # consumer too: one assignment of an unchanged value.
-                state.variables[p].assign(value)
-                kept_alive.add(value.dtype)
+        raise NotImplementedError("each backend's sharded class moves its own tensors")
 
     def _clip_gradients(self, grads):
         state = self._hvdkeras_shards
@@ -129,8 +105,7 @@ class ShardedOptimizerMixin:
 
     def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
         """`value` summed over the ranks that share the state."""
-        return grouped_allreduce([value], name=name, op=Sum,
-                                 process_set=self._hvdkeras_shards.process_set)[0]
+        raise NotImplementedError("each backend's sharded class moves its own tensors")
 
     def finalize_variable_values(self, var_list):
         if self.use_ema:

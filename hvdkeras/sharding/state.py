@@ -23,11 +23,11 @@ What may import this module: `hvdkeras.sharding` and `hvdkeras.backends`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+import contextlib
+from typing import Any, ContextManager, Dict, List, Optional, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from hvdkeras import compat
 from hvdkeras.sharding.plan import REPLICATED, plan_owners
@@ -43,9 +43,19 @@ def variable_bytes(variable: Any) -> int:
         variable.dtype)).itemsize
 
 
+def _outside_functions() -> ContextManager[Any]:
+    """Where a variable made while a `tf.function` is traced must be created
+    (outside the function's graph); other backends need nothing."""
+    if keras.backend.backend() != "tensorflow":
+        return contextlib.nullcontext()
+    import tensorflow as tf  # lazy: TensorFlow's scope, under that backend only
+
+    return tf.init_scope()
+
+
 def make_stand_in(variable: Any) -> keras.Variable:
     """A one-element-per-axis variable that answers to `variable`'s path."""
-    with tf.init_scope():
+    with _outside_functions():
         stand_in = keras.Variable(initializer="zeros", shape=(1,) * len(variable.shape),
                                   dtype=variable.dtype, trainable=False,
                                   name=str(variable.name).split(":")[0])

@@ -18,12 +18,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, Iterator, List
 
+import keras
 import numpy as np
-import tensorflow as tf
 
-from hvdkeras.collectives import kernels
-from hvdkeras.collectives.objects import allgather_object, broadcast_object
-from hvdkeras.engine import process_sets
+from hvdkeras.engine.process_sets import ProcessSet
+from hvdkeras.host import arrays
+from hvdkeras.host.objects import allgather_object, broadcast_object
 from hvdkeras.sharding.sharded_optimizer import shard_holder
 from hvdkeras.sharding.state import ShardState
 
@@ -35,13 +35,13 @@ def _dtype_groups(holder: Any, state: ShardState) -> Dict[str, List[int]]:
     groups: Dict[str, List[int]] = {}
     for i, variable in enumerate(holder.variables):
         if not state.is_everywhere(i):
-            groups.setdefault(tf.as_dtype(variable.dtype).name, []).append(i)
+            groups.setdefault(keras.backend.standardize_dtype(variable.dtype), []).append(i)
     return dict(sorted(groups.items()))
 
 
-def _alltoall(flat: np.ndarray, splits: List[int], name: str, set_id: int) -> np.ndarray:
-    output, _ = kernels.alltoall(tf.constant(flat), tf.constant(splits, tf.int64), name, set_id)
-    return output.numpy()
+def _alltoall(flat: np.ndarray, splits: List[int], name: str,
+              process_set: ProcessSet) -> np.ndarray:
+    return arrays.alltoall(flat, splits, name, process_set)[0]
 
 
 def _owned_by(state: ShardState, indices: List[int], rank: int) -> List[int]:
@@ -52,7 +52,6 @@ def gather_to_root(optimizer: Any) -> None:
     """Puts every slot's value on the root (into `ShardState.gathered`)."""
     holder = shard_holder(optimizer)
     state = holder._hvdkeras_shards
-    set_id = process_sets.view(state.process_set).set_id
     shapes = allgather_object({i: tuple(v.shape) for i, v in enumerate(holder.variables)
                                if state.is_own_slot(i)},
                               name=f"{state.name}_gather.shapes", process_set=state.process_set)
@@ -62,7 +61,7 @@ def gather_to_root(optimizer: Any) -> None:
         flat = (np.concatenate([holder.variables[i].numpy().reshape(-1) for i in mine])
                 if mine else np.zeros([0], dtype))
         splits = [flat.size if r == ROOT else 0 for r in range(state.world_size)]
-        received = _alltoall(flat, splits, f"{state.name}_gather.{dtype}", set_id)
+        received = _alltoall(flat, splits, f"{state.name}_gather.{dtype}", state.process_set)
         if state.rank != ROOT:
             continue
         offset = 0
@@ -80,7 +79,6 @@ def scatter_from_root(optimizer: Any) -> None:
     """Sends each owner the slot values the root read (`ShardState.pending`)."""
     holder = shard_holder(optimizer)
     state = holder._hvdkeras_shards
-    set_id = process_sets.view(state.process_set).set_id
     pending = state.pending or {}
     present = broadcast_object(sorted(pending) if state.rank == ROOT else None,
                                root_rank=ROOT, name=f"{state.name}_scatter.present",
@@ -99,7 +97,7 @@ def scatter_from_root(optimizer: Any) -> None:
             flat = np.concatenate(parts) if parts else np.zeros([0], dtype)
         else:
             flat, splits = np.zeros([0], dtype), [0] * state.world_size
-        received = _alltoall(flat, splits, f"{state.name}_scatter.{dtype}", set_id)
+        received = _alltoall(flat, splits, f"{state.name}_scatter.{dtype}", state.process_set)
         if state.rank == ROOT:
             continue
         offset = 0

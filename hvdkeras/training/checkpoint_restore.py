@@ -12,10 +12,9 @@ import zipfile
 from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
-import tensorflow as tf
 
-from hvdkeras.collectives.broadcasting import broadcast
 from hvdkeras.engine import world
+from hvdkeras.host import arrays
 from hvdkeras.training.checkpoint_naming import (RESUME_ENTRY, newest_first,
                                                  parse_checkpoint_position)
 from hvdkeras.training.model_sync import broadcast_model, build_optimizer
@@ -158,8 +157,7 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
         except Exception as error:  # reported on every rank below
             failure = error
     status = np.array([*position, 0 if failure is None else 1], dtype=np.int64)
-    status = broadcast(tf.constant(status), root_rank=root_rank,
-                       name="hvdkeras_restore_status").numpy()
+    status, = arrays.grouped_broadcast([status], root_rank, "hvdkeras_restore_status")
     if status[4]:
         message = (f"Rank {root_rank} could not load the newest checkpoint in {directory!r}; "
                    "fix or remove that file (older ones are kept) and restart.")

@@ -25,7 +25,6 @@ from typing import Any, Optional
 import keras
 
 from hvdkeras import compat
-from hvdkeras.collectives import xla_calls
 
 NESTING_MESSAGE = (
     "hvdkeras.DistributedOptimizer is wrapped inside a LossScaleOptimizer. The loss-scale "
@@ -74,6 +73,8 @@ def check_not_inside_loss_scale_optimizer(optimizer: Any) -> None:
 def check_not_in_xla() -> None:
     """Raises RuntimeError when called while building an XLA-compiled function."""
     if compat.in_xla_context():
+        from hvdkeras.collectives import xla_calls  # lazy: TensorFlow's; XLA here means TF
+
         why = xla_calls.refusal()
         if why:
             raise RuntimeError(XLA_MESSAGE.format(why=why))

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence
 
 from hvdkeras.backends import variables as any_backend
-from hvdkeras.collectives.broadcasting import broadcast_variables
 from hvdkeras.engine import frameworks
 from hvdkeras.sharding.sharded_optimizer import everywhere_variables
 
@@ -90,6 +89,8 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
     kept = {id(v) for v in exclude}
     chosen = [v for v in _unique(variables) if id(v) not in kept]
     if frameworks.keras_backend() == frameworks.TENSORFLOW:
+        from hvdkeras.collectives.broadcasting import broadcast_variables  # lazy: TF's own
+
         broadcast_variables(chosen, root_rank=root_rank, name="hvdkeras_broadcast_model")
     else:
         any_backend.broadcast_variables(chosen, root_rank=root_rank,

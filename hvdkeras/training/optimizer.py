@@ -1,15 +1,11 @@
 """`DistributedOptimizer`: any Keras 3 optimizer, with gradients averaged
-across ranks at the top of `apply`.
+across ranks before it applies them, under every Keras backend.
 
-Keras 3 funnels every update through `Optimizer.apply` (`apply_gradients`,
-`model.fit`, `LossScaleOptimizer` and custom loops all call it), and `apply`
-itself then unscales, clips, decays weights, updates and tracks the EMA. Reducing
-there means all of these see the averaged gradients, exactly as one process
-would on the global batch.
-
-The optimizer is converted in place into a dynamically created subclass of its
-own class that keeps the class's name and module: a `.keras` file records the
-plain optimizer and loads without hvdkeras.
+This module is the public front, and it loads no framework itself: it checks
+the arguments every backend shares and hands the optimizer to the running
+backend's implementation (`hvdkeras.training.tf_optimizer` under TensorFlow,
+`hvdkeras.backends.optimizer` under torch and JAX), which converts it in
+place into a subclass of its own class.
 
 What may import this module: `hvdkeras.callbacks`, the recipes' training code
 and the top-level package.
@@ -17,130 +13,35 @@ and the top-level package.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from typing import Any, Iterable, Optional, Sequence, Set, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import keras
-import tensorflow as tf
 
-from hvdkeras import compat
-from hvdkeras.collectives.common import fixed_collective_names
-from hvdkeras.engine import frameworks, process_sets
+from hvdkeras.collectives.compression import Compression, Compressor
+from hvdkeras.engine import frameworks
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
-from hvdkeras.sharding.sharded_optimizer import (AroundShardsMixin, ShardedOptimizerMixin,
-                                                 shard_holder)
 from hvdkeras.sharding.checks import check_zero_stage
-from hvdkeras.sharding.state import ShardState
 from hvdkeras.training import guards
-from hvdkeras.collectives.compression import Compression, Compressor
-from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
-from hvdkeras.training.local_accumulation import LocalGradientAccumulator
-from hvdkeras.training.sharded_reduction import reduce_to_owners
+
+# The module that makes optimizers distributed under each Keras backend.
+_IMPLEMENTATIONS = {frameworks.TENSORFLOW: "hvdkeras.training.tf_optimizer",
+                    frameworks.TORCH: "hvdkeras.backends.optimizer",
+                    frameworks.JAX: "hvdkeras.backends.optimizer"}
 
 
-class _DistributedOptimizerMixin(AroundShardsMixin):
-    """Methods placed in front of the user's optimizer class."""
-
-    _hvdkeras_reduction: ReductionSettings
-    _hvdkeras_accumulator: Optional[LocalGradientAccumulator]
-    _hvdkeras_local_ids: Set[int]
-
-    def _hvdkeras_variables(self) -> list:
-        """The variables the optimizer was built for."""
-        holder = shard_holder(self)
-        if holder is not None and holder.built:
-            return list(holder._hvdkeras_shards.variables)
-        return compat.optimizer_variables_built_for(self)
-
-    def _hvdkeras_reduce(self, grads: list, variables: list) -> list:
-        """The gradients to apply: averaged (or, with ZeRO stage 2, averaged
-        for this rank's own variables only)."""
-        holder = shard_holder(self)
-        if holder is None or holder._hvdkeras_shards.stage < 2:
-            return reduce_gradients(grads, self._hvdkeras_reduction, variables,
-                                    self._hvdkeras_local_ids)
-        if not holder.built:
-            holder.build(variables)
-        return reduce_to_owners(grads, variables, self._hvdkeras_reduction,
-                                self._hvdkeras_local_ids, holder._hvdkeras_shards,
-                                loss_scaled=holder is not self)
-
-    def build(self, variables):
-        guards.check_not_inside_loss_scale_optimizer(self)
-        super().build(variables)
-        accumulator = self._hvdkeras_accumulator
-        if accumulator is not None and not accumulator.built:
-            accumulator.build(list(variables))
-
-    def apply(self, grads, trainable_variables=None):
-        # A sharded step's graph differs per rank: its collectives are named
-        # explicitly (Note [collective names]).
-        naming = (fixed_collective_names() if shard_holder(self) is not None
-                  else contextlib.nullcontext())
-        with naming:
-            return self._hvdkeras_apply(grads, trainable_variables)
-
-    def _hvdkeras_apply(self, grads, trainable_variables):
-        guards.check_not_inside_loss_scale_optimizer(self)
-        grads = list(grads)
-        if not grads:
-            return super().apply(grads, trainable_variables)
-        guards.check_not_in_xla()
-        variables = None if trainable_variables is None else list(trainable_variables)
-        if self._hvdkeras_accumulator is not None:
-            return self._hvdkeras_apply_accumulated(grads, variables)
-        reduced = self._hvdkeras_reduce(grads, variables if variables is not None
-                                        else self._hvdkeras_variables())
-        return super().apply(reduced, variables)
-
-    def _hvdkeras_apply_accumulated(self, grads, variables):
-        if not self.built:
-            if variables is None:
-                raise ValueError(
-                    "The optimizer is not built: pass trainable_variables to apply() or call "
-                    "optimizer.build(model.trainable_variables) first."
-                )
-            self.build(variables)
-        if variables is None:
-            variables = self._hvdkeras_variables()
-        accumulator = self._hvdkeras_accumulator
-        if not accumulator.built:
-            accumulator.build(self._hvdkeras_variables())
-        positions = [accumulator.position(v) for v in variables]
-        window_complete = accumulator.add(grads, positions)
-        present = [k for k, g in enumerate(grads) if g is not None]
-        base_apply = super().apply
-        reduce = self._hvdkeras_reduce
-
-        def update():
-            summed = accumulator.values([positions[k] for k in present])
-            full = [None] * len(grads)
-            for k, value in zip(present, summed):
-                full[k] = value
-            base_apply(reduce(full, variables), variables)
-            accumulator.reset([positions[k] for k in present])
-            return None
-
-        tf.cond(window_complete, update, lambda: None)
+def _implementation() -> Any:
+    """The running backend's optimizer module (imported on first use: each loads
+    its framework)."""
+    backend = frameworks.keras_backend()
+    frameworks.check_supported(backend)
+    return importlib.import_module(_IMPLEMENTATIONS[backend])
 
 
 def is_distributed(optimizer: Any) -> bool:
     """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
-    other = _other_backend()
-    if other is not None:
-        return other.is_distributed(optimizer)
-    return isinstance(optimizer, _DistributedOptimizerMixin)
-
-
-def _other_backend() -> Any:
-    """The optimizer module of the other Keras backends, or None under TensorFlow."""
-    backend = frameworks.keras_backend()
-    if backend == frameworks.TENSORFLOW:
-        return None
-    frameworks.check_supported(backend)
-    return importlib.import_module("hvdkeras.backends.optimizer")
+    return _implementation().is_distributed(optimizer)
 
 
 def check_model_optimizer_nesting(model: Any) -> None:
@@ -164,13 +65,21 @@ def _check_arguments(backward_passes_per_step: int, average_aggregated_gradients
         )
 
 
-def _shard(optimizer: Any, zero_stage: int, settings: ReductionSettings) -> None:
-    """Puts the sharded-state class in front of the optimizer holding the slots."""
-    holder = getattr(optimizer, "inner_optimizer", optimizer)
-    ps = process_sets.view(settings.process_set)
-    holder.__class__ = compat.with_mixin(ShardedOptimizerMixin, type(holder))
-    holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{settings.name}_zero",
-                                         settings.process_set, zero_stage)
+def _keras_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
+    """`optimizer` as a Keras 3 optimizer (a name is looked up), or a clear error."""
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "hvdkeras.DistributedOptimizer needs a Keras 3 optimizer (keras.optimizers.*), got "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}. tf.keras (Keras 2) "
+            "optimizers are not supported: import keras and use keras.optimizers."
+        )
+    if is_distributed(optimizer):
+        raise ValueError(
+            f"Optimizer {optimizer.name!r} is already distributed; wrap each optimizer once."
+        )
+    return optimizer
 
 
 def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
@@ -263,54 +172,16 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     ```
     """
     _check_arguments(backward_passes_per_step, average_aggregated_gradients)
-    other = _other_backend()
-    if other is not None:  # the same arguments, that backend's tensors
-        return other.DistributedOptimizer(
-            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-            backward_passes_per_step=backward_passes_per_step,
-            average_aggregated_gradients=average_aggregated_gradients,
-            gradient_predivide_factor=gradient_predivide_factor, op=op, num_groups=num_groups,
-            groups=groups, device_dense=device_dense, device_sparse=device_sparse,
-            process_set=process_set, scale_local_gradients=scale_local_gradients,
-            zero_stage=zero_stage)
-    if isinstance(optimizer, str):
-        optimizer = keras.optimizers.get(optimizer)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            "hvdkeras.DistributedOptimizer needs a Keras 3 optimizer (keras.optimizers.*), got "
-            f"{type(optimizer).__module__}.{type(optimizer).__name__}. tf.keras (Keras 2) "
-            "optimizers are not supported: import keras and use keras.optimizers."
-        )
-    if is_distributed(optimizer):
-        raise ValueError(
-            f"Optimizer {optimizer.name!r} is already distributed; wrap each optimizer once."
-        )
-    lso_class = keras.optimizers.LossScaleOptimizer
-    if isinstance(optimizer, lso_class) and is_distributed(optimizer.inner_optimizer):
-        raise ValueError(guards.NESTING_MESSAGE)
+    implementation = _implementation()
+    optimizer = _keras_optimizer(optimizer)
     check_zero_stage(zero_stage, op, process_set, optimizer)
-    settings = ReductionSettings(
-        op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
-        gradient_predivide_factor=float(gradient_predivide_factor), num_groups=num_groups,
-        groups=None if groups is None else tuple(tuple(g) for g in groups),
-        name=name or f"{optimizer.name}_gradients", process_set=process_set,
-        scale_local_gradients=bool(scale_local_gradients),
-    )
-    if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(optimizer, lso_class):
-        optimizer = lso_class(optimizer)
-    accumulator = None
-    if backward_passes_per_step > 1:
-        accumulator = LocalGradientAccumulator(backward_passes_per_step,
-                                               average_aggregated_gradients)
-        if optimizer.built:
-            accumulator.build(compat.optimizer_variables_built_for(optimizer))
-    if zero_stage:
-        _shard(optimizer, zero_stage, settings)
-    optimizer.__class__ = compat.with_mixin(_DistributedOptimizerMixin, type(optimizer))
-    optimizer._hvdkeras_reduction = settings
-    optimizer._hvdkeras_accumulator = accumulator
-    optimizer._hvdkeras_local_ids = set()
-    return optimizer
+    return implementation.DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        gradient_predivide_factor=gradient_predivide_factor, op=op, num_groups=num_groups,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+        zero_stage=zero_stage)
 
 
 def local_layer_variables(local_layers: Any) -> list:

@@ -149,6 +149,36 @@ def test_variables_broadcast_from_the_root():
     assert numpy(variables[2].value).tolist() == [float(last)] * 3
 
 
+def test_objects_from_each_root_and_from_every_rank():
+    n, r = hvd.size(), hvd.rank()
+    assert hvd.broadcast_object.__module__ == "hvdkeras.host.objects"
+    for root in range(n):
+        mine = {"rank": r, "payload": list(range(10 * r + 1))}
+        got = hvd.broadcast_object(mine if r == root else None, root_rank=root,
+                                   name=f"obj.{root}")
+        assert got == {"rank": root, "payload": list(range(10 * root + 1))}
+    gathered = hvd.allgather_object(("x" * (r + 1), r), name="objs")
+    assert gathered == [("x" * (k + 1), k) for k in range(n)]
+    members = [0, n - 1]
+    subset = hvd.add_process_set(members) if n > 2 else hvd.global_process_set
+    try:
+        if r in members:
+            assert hvd.allgather_object(r, name="objs.subset",
+                                        process_set=subset) == members
+    finally:
+        if n > 2:
+            hvd.remove_process_set(subset)
+
+
+def test_bf16_compression_rounds_on_the_wire():
+    # 1 + 2**-10 survives float16 and is lost in bfloat16's 7-bit mantissa.
+    value = tensor([1 + 2 ** -10], "float32")
+    half = hvd.allreduce(value, op=hvd.Average, compression=hvd.Compression.fp16)
+    brain = hvd.allreduce(value, op=hvd.Average, compression=hvd.Compression.bf16)
+    assert numpy(half).tolist() == [1 + 2 ** -10]
+    assert numpy(brain).tolist() == [1.0]
+
+
 def test_a_process_set_reduces_over_its_ranks_only():
     n, r = hvd.size(), hvd.rank()
     members = [0, n - 1] if n > 2 else [n - 1]  # never all ranks: that set exists already

@@ -13,21 +13,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hvdkeras.backends import adasum, arrays, host
+from hvdkeras.backends import adasum
+from hvdkeras.host import arrays, buffers
 from hvdkeras.backends.jax import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
-
-_WIRE_DTYPES = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
-
 
 def _set_id(process_set: ProcessSet) -> int:
     return process_sets.view(process_set).set_id
 
 
 def _compress(array, compression: Any):
-    wire = _WIRE_DTYPES.get(getattr(compression, "name", "none"))
+    # The compressor names its wire dtype (hvdkeras.collectives.compression).
+    name = getattr(compression, "wire_dtype", None)
+    wire = None if name is None else jnp.dtype(name)
     if wire is not None and jnp.issubdtype(array.dtype, jnp.floating) and array.dtype != wire:
         return array.astype(wire)
     return array
@@ -71,7 +71,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     total_a, total_b = hvd.grouped_allreduce([a, b], op=hvd.Sum)
     ```
     """
-    op = host.resolve_op(op, average)
+    op = buffers.resolve_op(op, average)
     if op == Adasum:
         return _adasum(tensors, name, prescale_factor, postscale_factor, compression,
                        process_set)
@@ -83,7 +83,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     for index, t in enumerate(wires):
         groups.setdefault(jnp.dtype(t.dtype).name, []).append(index)
     for dtype, chosen in groups.items():
-        host.dtype_number(dtype, "allreduce", reducing=True)
+        buffers.dtype_number(dtype, "allreduce", reducing=True)
         reduced = ops.allreduce([wires[i] for i in chosen],
                                 base if len(groups) == 1 else f"{base}.{dtype}", op,
                                 float(prescale_factor), float(postscale_factor),
@@ -120,7 +120,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
     ```
     """
     array = jnp.asarray(tensor)
-    host.dtype_number(jnp.dtype(array.dtype).name, "broadcast", reducing=False)
+    buffers.dtype_number(jnp.dtype(array.dtype).name, "broadcast", reducing=False)
     view = process_sets.view(process_set)
     root = view.set_rank_of(int(root_rank), "root_rank")
     return ops.broadcast([array], ops.unique_name(name or "HvdkerasBroadcast", [array]), root,
@@ -146,8 +146,6 @@ def allgather(tensor: Any, name: Optional[str] = None,
 
 
 def _allgather_any_rows(array, name: str, process_set: ProcessSet) -> jax.Array:
-    from hvdkeras.backends import arrays  # lazy: the host path, outside jit only
-
     return jnp.asarray(arrays.allgather(jax.device_get(array), name, process_set))
 
 
@@ -173,7 +171,7 @@ def reducescatter(tensor: Any, name: Optional[str] = None, op: int = Average,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of the set has reached it."""
-    host.barrier(set_id=_set_id(process_set))
+    buffers.barrier(set_id=_set_id(process_set))
 
 
 def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,

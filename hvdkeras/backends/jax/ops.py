@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hvdkeras.backends import host
+from hvdkeras.host import buffers
 from hvdkeras.engine import binding_build, library, process_sets, requests
 from hvdkeras.engine.config import collective_gradients
 from hvdkeras.engine.types import Average, Sum
@@ -66,7 +66,7 @@ def unique_name(name: str, values: Sequence) -> str:
 
 
 def _dtype(array, what: str, reducing: bool) -> int:
-    return host.dtype_number(jnp.dtype(array.dtype).name, what, reducing)
+    return buffers.dtype_number(jnp.dtype(array.dtype).name, what, reducing)
 
 
 @contextlib.contextmanager

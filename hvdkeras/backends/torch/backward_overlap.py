@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Sequence, Set, Tuple
 
 import torch
 
-from hvdkeras.backends import host
+from hvdkeras.host import buffers
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.requests import Pending
 from hvdkeras.engine.types import Average, Sum
@@ -186,10 +186,10 @@ class BackwardReductions:
 
     def _send(self, bucket: int, members: List[int]) -> None:
         grads = [self._ready[p] for p in members]
-        inputs = [host.HostTensor(g.data_ptr(), tuple(g.shape),
+        inputs = [buffers.HostTensor(g.data_ptr(), tuple(g.shape),
                                   str(g.dtype).removeprefix("torch.")) for g in grads]
         addresses = [g.data_ptr() for g in grads]
-        pending = host.submit_allreduce(
+        pending = buffers.submit_allreduce(
             inputs, addresses, f"{self._settings['name']}.backward.{bucket}", self._op,
             self._pre, self._post, self._set_id, keep=grads)
         self._pending.append((pending, members, grads))

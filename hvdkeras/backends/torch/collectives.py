@@ -13,14 +13,12 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from hvdkeras.backends import adasum, host
+from hvdkeras.backends import adasum
+from hvdkeras.host import buffers
 from hvdkeras.backends.torch import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average
-
-_WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
 
 def _set_id(process_set: ProcessSet) -> int:
     return process_sets.view(process_set).set_id
@@ -31,7 +29,9 @@ def _as_tensor(value: Any) -> torch.Tensor:
 
 
 def _compress(tensor: torch.Tensor, compression: Any) -> torch.Tensor:
-    wire = _WIRE_DTYPES.get(getattr(compression, "name", "none"))
+    # The compressor names its wire dtype (hvdkeras.collectives.compression).
+    name = getattr(compression, "wire_dtype", None)
+    wire = None if name is None else getattr(torch, name)
     if wire is not None and tensor.is_floating_point() and tensor.dtype != wire:
         return tensor.to(wire)
     return tensor
@@ -75,7 +75,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     total_a, total_b = hvd.grouped_allreduce([a, b], op=hvd.Sum)
     ```
     """
-    op = host.resolve_op(op, average)
+    op = buffers.resolve_op(op, average)
     if op == Adasum:
         return _adasum(tensors, name, prescale_factor, postscale_factor, compression,
                        process_set)
@@ -194,4 +194,4 @@ def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None, name: Optional
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of the set has reached it."""
-    host.barrier(set_id=_set_id(process_set))
+    buffers.barrier(set_id=_set_id(process_set))

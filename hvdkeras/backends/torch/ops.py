@@ -15,17 +15,17 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from hvdkeras.backends import host
+from hvdkeras.host import buffers
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.config import collective_gradients
 from hvdkeras.engine.types import Average, Sum
 
 
-def _host_tensor(tensor: torch.Tensor, what: str) -> host.HostTensor:
+def _host_tensor(tensor: torch.Tensor, what: str) -> buffers.HostTensor:
     if tensor.device.type != "cpu":
         raise ValueError(f"hvdkeras.{what} takes CPU tensors under the torch backend for now; "
                          f"got one on {tensor.device}. Move it with .cpu().")
-    return host.HostTensor(tensor.data_ptr(), tuple(tensor.shape),
+    return buffers.HostTensor(tensor.data_ptr(), tuple(tensor.shape),
                            str(tensor.dtype).removeprefix("torch."))
 
 
@@ -49,7 +49,7 @@ def allreduce(tensors: List[torch.Tensor], name: str, op: int, prescale: float,
     inputs = _inputs(tensors)
     outputs = [torch.empty_like(t) for t in inputs]
     if inputs:
-        host.allreduce([_host_tensor(t, "allreduce") for t in inputs],
+        buffers.allreduce([_host_tensor(t, "allreduce") for t in inputs],
                        [o.data_ptr() for o in outputs], name, op, prescale, postscale,
                        process_set_id, keep=(inputs, outputs))
     return outputs
@@ -83,7 +83,7 @@ def broadcast(tensors: List[torch.Tensor], name: str, root_rank: int,
     inputs = _inputs(tensors)
     outputs = [torch.empty_like(t) for t in inputs]
     for request, chosen in _per_dtype(inputs, name):
-        host.broadcast([_host_tensor(inputs[i], "broadcast") for i in chosen],
+        buffers.broadcast([_host_tensor(inputs[i], "broadcast") for i in chosen],
                        [outputs[i].data_ptr() for i in chosen], request, root_rank,
                        process_set_id, keep=(inputs, outputs))
     return outputs
@@ -131,7 +131,7 @@ def allreduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int, pres
     faults on every step."""
     for request, chosen in _per_dtype(tensors, name):
         group = [tensors[i] for i in chosen]
-        host.allreduce([_host_tensor(t, "allreduce") for t in group],
+        buffers.allreduce([_host_tensor(t, "allreduce") for t in group],
                        [t.data_ptr() for t in group], request, op, prescale, postscale,
                        process_set_id, keep=group)
 
@@ -147,7 +147,7 @@ def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: in
                          "tensors.")
     for request, chosen in _per_dtype(tensors, name):
         group = [tensors[i] for i in chosen]
-        host.broadcast([_host_tensor(t, "broadcast") for t in group],
+        buffers.broadcast([_host_tensor(t, "broadcast") for t in group],
                        [t.data_ptr() for t in group], request, root_rank, process_set_id,
                        keep=group)
 
@@ -166,7 +166,7 @@ def _allocating(tensor: torch.Tensor):
 def allgather(tensor: torch.Tensor, name: str, process_set_id: int) -> torch.Tensor:
     source = tensor.detach().contiguous()
     results, allocate = _allocating(source)
-    host.allgather([_host_tensor(source, "allgather")], allocate, name, process_set_id)
+    buffers.allgather([_host_tensor(source, "allgather")], allocate, name, process_set_id)
     return results[0]
 
 
@@ -201,7 +201,7 @@ def reducescatter(tensor: torch.Tensor, name: str, op: int, prescale: float, pos
                   process_set_id: int) -> torch.Tensor:
     source = tensor.detach().contiguous()
     results, allocate = _allocating(source)
-    host.reducescatter([_host_tensor(source, "reducescatter")], allocate, name, op, prescale,
+    buffers.reducescatter([_host_tensor(source, "reducescatter")], allocate, name, op, prescale,
                        postscale, process_set_id)
     return results[0]
 
@@ -234,7 +234,7 @@ def alltoall(tensor: torch.Tensor, splits: List[int], name: str,
              process_set_id: int) -> List[torch.Tensor]:
     source = tensor.detach().contiguous()
     results, allocate = _allocating(source)
-    received = host.alltoall(_host_tensor(source, "alltoall"), splits or None, allocate, name,
+    received = buffers.alltoall(_host_tensor(source, "alltoall"), splits or None, allocate, name,
                              process_set_id)
     return [results[0], torch.tensor(received, dtype=torch.int32)]
 

@@ -4,7 +4,7 @@ averaging, broadcasting Keras variables, the callbacks).
 Each returns new arrays and leaves its inputs alone. The dtype names are
 NumPy's; bfloat16 has none in NumPy and is moved by the framework bindings.
 
-What may import this module: the rest of `hvdkeras.backends`, the callbacks.
+What may import this module: everything above `hvdkeras.engine` (it loads no framework).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hvdkeras.backends import host
+from hvdkeras.host import buffers
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.engine.types import Average
 
 
-def _host(array: np.ndarray) -> host.HostTensor:
-    return host.HostTensor(array.ctypes.data, tuple(array.shape), array.dtype.name)
+def _host(array: np.ndarray) -> buffers.HostTensor:
+    return buffers.HostTensor(array.ctypes.data, tuple(array.shape), array.dtype.name)
 
 
 def _set_id(process_set: Optional[ProcessSet]) -> int:
@@ -31,7 +31,7 @@ def _contiguous(arrays: Sequence) -> List[np.ndarray]:
     return [np.require(a, requirements="C") for a in arrays]  # keeps 0-d arrays 0-d
 
 
-def _outputs(dtype: np.dtype) -> Tuple[List[np.ndarray], host.Allocate]:
+def _outputs(dtype: np.dtype) -> Tuple[List[np.ndarray], buffers.Allocate]:
     """Arrays the engine fills once negotiation decided their shapes, and the
     allocator that makes them."""
     result: List[np.ndarray] = []
@@ -56,7 +56,7 @@ def grouped_allreduce(arrays: Sequence, name: str = "hvdkeras_arrays_allreduce",
     """
     inputs = _contiguous(arrays)
     outputs = [np.empty_like(a) for a in inputs]
-    host.allreduce([_host(a) for a in inputs], [o.ctypes.data for o in outputs], name, op,
+    buffers.allreduce([_host(a) for a in inputs], [o.ctypes.data for o in outputs], name, op,
                    prescale, postscale, _set_id(process_set), keep=(inputs, outputs))
     return outputs
 
@@ -75,7 +75,7 @@ def grouped_broadcast(arrays: Sequence, root_rank: int = 0,
     outputs = [np.empty_like(a) for a in inputs]
     for dtype in sorted({a.dtype.name for a in inputs}):
         chosen = [i for i, a in enumerate(inputs) if a.dtype.name == dtype]
-        host.broadcast([_host(inputs[i]) for i in chosen],
+        buffers.broadcast([_host(inputs[i]) for i in chosen],
                        [outputs[i].ctypes.data for i in chosen], f"{name}.{dtype}", root_rank,
                        _set_id(process_set), keep=(inputs, outputs))
     return outputs
@@ -86,7 +86,7 @@ def allgather(array, name: str = "hvdkeras_arrays_allgather",
     """Every rank's array, concatenated along the first dimension."""
     inputs = _contiguous([np.atleast_1d(np.asarray(array))])
     result, allocate = _outputs(inputs[0].dtype)
-    host.allgather([_host(inputs[0])], allocate, name, _set_id(process_set))
+    buffers.allgather([_host(inputs[0])], allocate, name, _set_id(process_set))
     return result[0]
 
 
@@ -97,5 +97,5 @@ def alltoall(array, splits: Optional[Sequence[int]] = None,
     received and how many came from each rank."""
     inputs = _contiguous([np.atleast_1d(np.asarray(array))])
     result, allocate = _outputs(inputs[0].dtype)
-    received = host.alltoall(_host(inputs[0]), splits, allocate, name, _set_id(process_set))
+    received = buffers.alltoall(_host(inputs[0]), splits, allocate, name, _set_id(process_set))
     return result[0], received

@@ -5,7 +5,8 @@ hands over its tensors' memory, this module checks the element type against
 the library's table (Note [wire vocabulary] in ops/core/types.def) and runs
 one synchronous request (`hvdkeras.engine.requests`).
 
-What may import this module: the rest of `hvdkeras.backends`.
+What may import this module: the rest of `hvdkeras.host` and the framework bindings
+in `hvdkeras.backends`.
 """
 
 from __future__ import annotations
