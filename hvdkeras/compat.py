@@ -1,4 +1,4 @@
-"""Every private TensorFlow and Keras API that hvdkeras relies on, in one place.
+"""Every private TensorFlow, Keras and PyTorch API that hvdkeras relies on, in one place.
 
 TensorFlow and Keras offer no public way to do the few things below, and
 private APIs move between releases: the habit of reaching into them all over
@@ -15,7 +15,7 @@ Keras 3.15.1: `scripts/test_tf_versions.sh` builds the op library and runs
 the collectives and a `model.fit` equivalence test on each of them.
 
 What may import this module: anything under `hvdkeras` (it imports only
-TensorFlow and Keras themselves, lazily).
+TensorFlow, Keras and PyTorch themselves, lazily).
 """
 
 from __future__ import annotations
@@ -239,3 +239,23 @@ def xla_custom_call(operands: list, target: str, config: str, dtypes: list, shap
     return list(gen_xla_ops.xla_custom_call_v2(
         operands=operands, call_target_name=target, backend_config=config,
         has_side_effect=True, result_dtypes=dtypes, result_shapes=shapes))
+
+
+def torch_at_end_of_backward(callback: Any) -> None:
+    """Has PyTorch's autograd engine call `callback()` once the backward pass
+    now running ends, before `backward()` returns (what DDP waits for its
+    reductions with).
+
+    Uses `torch.autograd.Variable._execution_engine.queue_callback` (checked
+    on torch 2.13; DDP has used it since PyTorch 1.x); call it from a hook
+    that runs during the pass. If it moves,
+    this raises an error that names it.
+    """
+    import torch  # lazy: only the torch backend reduces during the backward pass
+
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if not hasattr(engine, "queue_callback"):
+        raise RuntimeError("hvdkeras needs torch.autograd.Variable._execution_engine."
+                           "queue_callback, which this PyTorch version does not have; set "
+                           "HVDKERAS_TORCH_BACKWARD_OVERLAP=0 to reduce in apply() instead.")
+    engine.queue_callback(callback)

@@ -112,6 +112,20 @@ def test_a_model_compiled_again_uses_the_new_optimizer_alone():
             new._hvdkeras_backward.started_during_backward) == (1, 2)
 
 
+def test_gradients_are_reduced_when_backward_returns():
+    # As under DDP: a custom loop that reads, clips or scales `.grad` between
+    # backward() and apply() sees the reduced gradients, never a buffer the
+    # engine is still writing into.
+    model, optimizer = _model_and_optimizer()
+    before, expected = _weights(model), _mean_gradients(model)
+    grads = _backward(model)
+    for grad, mean in zip(grads, expected):
+        torch.testing.assert_close(grad, mean, rtol=1e-6, atol=1e-6)
+    clipped = [g.clamp_(-0.5, 0.5) for g in grads]  # in place: still the tensors sent
+    optimizer.apply(clipped, model.trainable_variables)
+    _assert_stepped(model, before, [m.clamp(-0.5, 0.5) for m in expected])
+
+
 def test_replaced_gradients_are_reduced_in_apply():
     model, optimizer = _model_and_optimizer()
     before, expected = _weights(model), _mean_gradients(model)

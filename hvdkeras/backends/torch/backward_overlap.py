@@ -15,11 +15,16 @@ returns at once, while autograd computes the layers below. One request per
 bucket rather than per gradient: each request costs the engine a
 negotiation, and on a busy CPU those cycles are taken from the backward pass.
 
-`apply` sends the buckets some of whose gradients never came (a variable
-without a gradient this step), waits for every request, and reduces the rest
-as before, in one fused request: gradients of local variables, gradients
-that are not the tensors autograd filled (a custom loop that replaced them;
-the hooked reduction still ends first), and gradients no hook sent.
+The first hook of a pass also asks autograd to call back when the pass ends
+(as DDP does): the callback sends the buckets some of whose gradients never
+came (a variable without a gradient this step) and waits for every request,
+so when `backward()` returns the gradients already hold the reduced values.
+Nothing can read a gradient while the engine writes into it: a custom loop
+that clips or scales `.grad` between `backward()` and `apply()` works on the
+reduced gradients, as it would under DDP. `apply` then reduces the rest, as
+before, in one fused request: gradients of local variables, gradients that
+are not the tensors autograd filled (a loop that replaced them), and
+gradients no hook sent.
 
 The hooks fire on every backward pass. A second pass before `apply` would
 accumulate into buffers the engine is reducing, so it is refused, naming the
@@ -42,6 +47,7 @@ from typing import Any, Dict, List, Sequence, Set, Tuple
 
 import torch
 
+from hvdkeras import compat
 from hvdkeras.host import buffers
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.requests import Pending
@@ -149,6 +155,8 @@ class BackwardReductions:
         self._ready: Dict[int, torch.Tensor] = {}  # position -> gradient, this step
         self._pending: List[Tuple[Pending, List[int], List[torch.Tensor]]] = []
         self._started: Set[int] = set()  # buckets sent this step
+        self._sent: Dict[int, torch.Tensor] = {}  # position -> reduced gradient, this step
+        self._end_queued = False  # whether this pass's end calls `_complete`
         self.started_during_backward = 0  # requests a hook started (tests, stats)
         for p in hooked:
             _owners[id(tensors[p])] = self
@@ -177,6 +185,9 @@ class BackwardReductions:
         if grad.device.type != "cpu" or grad.is_sparse or not grad.is_contiguous():
             return  # apply reduces it (and says what it cannot take)
         self._ready[position] = grad
+        if not self._end_queued:
+            self._end_queued = True
+            compat.torch_at_end_of_backward(self._complete)
         bucket = self._bucket_of[position]
         members = [p for p in self._buckets[bucket]
                    if id(self._variables[p]) not in self._local_ids]
@@ -195,22 +206,29 @@ class BackwardReductions:
         self._pending.append((pending, members, grads))
         self._started.add(bucket)
 
-    @torch.compiler.disable  # inside Keras's compiled step: run as it is (see _hook)
-    def finish(self, grads: List[Any], variables: Sequence[Any]) -> Set[int]:
-        """Sends the buckets some of whose gradients are ready, waits for every
-        request of this step and returns the indices into `grads` that hold
-        their reduced gradient already (the very tensors sent)."""
+    @torch.compiler.disable  # at the end of a compiled backward: run as it is
+    def _complete(self) -> None:
+        """Sends the buckets some of whose gradients are ready and waits for
+        every request of this step (the end of the backward pass, or `finish`)."""
+        self._end_queued = False
         for bucket, group in enumerate(self._buckets):
             members = [p for p in group if p in self._ready]
             if bucket not in self._started and members:
                 self._send(bucket, members)
         pending, self._pending = self._pending, []
-        self._ready, self._started = {}, set()
-        sent: Dict[int, torch.Tensor] = {}
         for request, members, tensors in pending:
             with request.wait():
                 pass
-            sent.update(zip(members, tensors))
+            self._sent.update(zip(members, tensors))
+
+    @torch.compiler.disable  # inside Keras's compiled step: run as it is (see _hook)
+    def finish(self, grads: List[Any], variables: Sequence[Any]) -> Set[int]:
+        """Ends this step's requests (if the backward pass has not) and returns
+        the indices into `grads` that hold their reduced gradient already (the
+        very tensors sent)."""
+        self._complete()
+        sent, self._sent = self._sent, {}
+        self._ready, self._started = {}, set()
         done = set()
         for index, (grad, variable) in enumerate(zip(grads, variables)):
             position = self._position_of.get(id(variable))
