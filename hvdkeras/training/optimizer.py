@@ -7,8 +7,9 @@ backend's implementation (`hvdkeras.training.tf_optimizer` under TensorFlow,
 `hvdkeras.backends.optimizer` under torch and JAX), which converts it in
 place into a subclass of its own class.
 
-What may import this module: `hvdkeras.callbacks`, the recipes' training code
-and the top-level package.
+What may import this module: the rest of `hvdkeras.training`,
+`hvdkeras.callbacks`, `hvdkeras.spark`, the recipes' training code and the
+top-level package.
 """
 
 from __future__ import annotations
