@@ -248,8 +248,7 @@ def torch_at_end_of_backward(callback: Any) -> None:
 
     Uses `torch.autograd.Variable._execution_engine.queue_callback` (checked
     on torch 2.13; DDP has used it since PyTorch 1.x); call it from a hook
-    that runs during the pass. If it moves,
-    this raises an error that names it.
+    that runs during the pass. If it moves, this raises an error that names it.
     """
     import torch  # lazy: only the torch backend reduces during the backward pass
 

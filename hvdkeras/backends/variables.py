@@ -14,8 +14,8 @@ from typing import Any, Optional, Sequence
 
 import keras
 
-from hvdkeras.host import arrays
 from hvdkeras.engine.process_sets import ProcessSet
+from hvdkeras.host import arrays
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0,

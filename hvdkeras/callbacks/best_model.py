@@ -8,11 +8,11 @@ from typing import Optional
 import keras
 
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.host.objects import broadcast_object
 from hvdkeras.engine import world
-from hvdkeras.training import checkpoint_naming
+from hvdkeras.host.objects import broadcast_object
 from hvdkeras.sharding.sharded_optimizer import shard_holder
 from hvdkeras.sharding.state_transfer import gathered_optimizer_state
+from hvdkeras.training import checkpoint_naming
 from hvdkeras.training.checkpoint_writing import save_model_atomic
 
 

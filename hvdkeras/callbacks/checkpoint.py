@@ -9,8 +9,8 @@ from typing import Optional
 import keras
 
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.host.objects import broadcast_object
 from hvdkeras.engine import world
+from hvdkeras.host.objects import broadcast_object
 from hvdkeras.sharding.sharded_optimizer import shard_holder
 from hvdkeras.sharding.state_transfer import gathered_optimizer_state
 from hvdkeras.training import checkpoint_naming

@@ -11,11 +11,11 @@ from typing import Any, Optional
 
 import keras
 
-from hvdkeras.host.objects import allgather_object
 from hvdkeras.engine import world
 from hvdkeras.gpu import nvml
 from hvdkeras.gpu.pin import pinned_device_entry
 from hvdkeras.gpu.stats_logs import EpochSummary, logs_from
+from hvdkeras.host.objects import allgather_object
 
 
 class GPUStatsCallback(keras.callbacks.Callback):

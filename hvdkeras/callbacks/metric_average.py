@@ -9,9 +9,9 @@ import keras
 import numpy as np
 
 from hvdkeras.callbacks._prepare import prepare_model
-from hvdkeras.host.arrays import allreduce
 from hvdkeras.engine import world
 from hvdkeras.engine.types import Average, Max
+from hvdkeras.host.arrays import allreduce
 
 
 def _numeric_keys(logs: Dict) -> List[str]:

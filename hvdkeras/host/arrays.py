@@ -13,10 +13,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hvdkeras.host import buffers
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.engine.types import Average
+from hvdkeras.host import buffers
 
 
 def _host(array: np.ndarray) -> buffers.HostTensor:
@@ -57,7 +57,7 @@ def grouped_allreduce(arrays: Sequence, name: str = "hvdkeras_arrays_allreduce",
     inputs = _contiguous(arrays)
     outputs = [np.empty_like(a) for a in inputs]
     buffers.allreduce([_host(a) for a in inputs], [o.ctypes.data for o in outputs], name, op,
-                   prescale, postscale, _set_id(process_set), keep=(inputs, outputs))
+                      prescale, postscale, _set_id(process_set), keep=(inputs, outputs))
     return outputs
 
 
@@ -76,8 +76,8 @@ def grouped_broadcast(arrays: Sequence, root_rank: int = 0,
     for dtype in sorted({a.dtype.name for a in inputs}):
         chosen = [i for i, a in enumerate(inputs) if a.dtype.name == dtype]
         buffers.broadcast([_host(inputs[i]) for i in chosen],
-                       [outputs[i].ctypes.data for i in chosen], f"{name}.{dtype}", root_rank,
-                       _set_id(process_set), keep=(inputs, outputs))
+                          [outputs[i].ctypes.data for i in chosen], f"{name}.{dtype}", root_rank,
+                          _set_id(process_set), keep=(inputs, outputs))
     return outputs
 
 

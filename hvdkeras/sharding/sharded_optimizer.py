@@ -7,9 +7,9 @@ user's optimizer, or a LossScaleOptimizer's inner one) by
 in front of it stays in `training/tf_optimizer.py` (TensorFlow, whose
 subclass in `tf_sharded_optimizer.py` moves its tensors) or
 `backends/optimizer.py` (torch, JAX, whose subclass in
-`backends/sharded_optimizer.py` moves theirs). This module loads no framework. `apply` receives a list
-like the variables: reduced gradients for this rank's variables; for the
-others reduced gradients (stage 1), None (stage 2) or a scalar that carries
+`backends/sharded_optimizer.py` moves theirs). This module loads no
+framework. `apply` receives a list like the variables: reduced gradients for
+this rank's variables; for the others reduced gradients (stage 1), None (stage 2) or a scalar that carries
 the loss-scale decision (stage 2 under loss scaling), which it ignores.
 What a rank owns: Note [whole-variable shards] in `plan`.
 

@@ -20,9 +20,9 @@ import pickle
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hvdkeras.collectives.broadcasting import broadcast_variables
-from hvdkeras.host.objects import broadcast_object
 from hvdkeras.engine import world
 from hvdkeras.engine.config import ELASTIC_STATE_DIR as STATE_DIR
+from hvdkeras.host.objects import broadcast_object
 from hvdkeras.sharding.sharded_optimizer import everywhere_variables
 from hvdkeras.training.checkpoint_writing import write_bytes_atomic
 

@@ -66,8 +66,9 @@ def _check_arguments(backward_passes_per_step: int, average_aggregated_gradients
         )
 
 
-def _keras_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
-    """`optimizer` as a Keras 3 optimizer (a name is looked up), or a clear error."""
+def _keras_optimizer(optimizer: Any, implementation: Any) -> keras.optimizers.Optimizer:
+    """`optimizer` as a Keras 3 optimizer (a name is looked up) that
+    `implementation` has not made distributed yet, or a clear error."""
     if isinstance(optimizer, str):
         optimizer = keras.optimizers.get(optimizer)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -76,7 +77,7 @@ def _keras_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
             f"{type(optimizer).__module__}.{type(optimizer).__name__}. tf.keras (Keras 2) "
             "optimizers are not supported: import keras and use keras.optimizers."
         )
-    if is_distributed(optimizer):
+    if implementation.is_distributed(optimizer):
         raise ValueError(
             f"Optimizer {optimizer.name!r} is already distributed; wrap each optimizer once."
         )
@@ -174,7 +175,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     """
     _check_arguments(backward_passes_per_step, average_aggregated_gradients)
     implementation = _implementation()
-    optimizer = _keras_optimizer(optimizer)
+    optimizer = _keras_optimizer(optimizer, implementation)
     check_zero_stage(zero_stage, op, process_set, optimizer)
     return implementation.DistributedOptimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from hvdkeras.backends import adasum
-from hvdkeras.host import arrays, buffers
 from hvdkeras.backends.jax import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
+from hvdkeras.host import arrays, buffers
 
 def _set_id(process_set: ProcessSet) -> int:
     return process_sets.view(process_set).set_id

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hvdkeras.host import buffers
 from hvdkeras.engine import binding_build, library, process_sets, requests
 from hvdkeras.engine.config import collective_gradients
 from hvdkeras.engine.types import Average, Sum
+from hvdkeras.host import buffers
 
 TARGET = "hvdkeras_collective"
 _lock = threading.Lock()

@@ -48,10 +48,10 @@ from typing import Any, Dict, List, Sequence, Set, Tuple
 import torch
 
 from hvdkeras import compat
-from hvdkeras.host import buffers
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.requests import Pending
 from hvdkeras.engine.types import Average, Sum
+from hvdkeras.host import buffers
 
 
 def eligible(settings: Dict[str, Any], enabled: bool) -> bool:
@@ -198,7 +198,7 @@ class BackwardReductions:
     def _send(self, bucket: int, members: List[int]) -> None:
         grads = [self._ready[p] for p in members]
         inputs = [buffers.HostTensor(g.data_ptr(), tuple(g.shape),
-                                  str(g.dtype).removeprefix("torch.")) for g in grads]
+                                     str(g.dtype).removeprefix("torch.")) for g in grads]
         addresses = [g.data_ptr() for g in grads]
         pending = buffers.submit_allreduce(
             inputs, addresses, f"{self._settings['name']}.backward.{bucket}", self._op,

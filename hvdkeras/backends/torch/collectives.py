@@ -14,11 +14,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from hvdkeras.backends import adasum
-from hvdkeras.host import buffers
 from hvdkeras.backends.torch import ops
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average
+from hvdkeras.host import buffers
 
 def _set_id(process_set: ProcessSet) -> int:
     return process_sets.view(process_set).set_id

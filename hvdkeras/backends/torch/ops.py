@@ -15,10 +15,10 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from hvdkeras.host import buffers
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.config import collective_gradients
 from hvdkeras.engine.types import Average, Sum
+from hvdkeras.host import buffers
 
 
 def _host_tensor(tensor: torch.Tensor, what: str) -> buffers.HostTensor:
@@ -26,7 +26,7 @@ def _host_tensor(tensor: torch.Tensor, what: str) -> buffers.HostTensor:
         raise ValueError(f"hvdkeras.{what} takes CPU tensors under the torch backend for now; "
                          f"got one on {tensor.device}. Move it with .cpu().")
     return buffers.HostTensor(tensor.data_ptr(), tuple(tensor.shape),
-                           str(tensor.dtype).removeprefix("torch."))
+                              str(tensor.dtype).removeprefix("torch."))
 
 
 def _per_dtype(tensors: Sequence[torch.Tensor], name: str) -> List[Tuple[str, List[int]]]:
@@ -50,8 +50,8 @@ def allreduce(tensors: List[torch.Tensor], name: str, op: int, prescale: float,
     outputs = [torch.empty_like(t) for t in inputs]
     if inputs:
         buffers.allreduce([_host_tensor(t, "allreduce") for t in inputs],
-                       [o.data_ptr() for o in outputs], name, op, prescale, postscale,
-                       process_set_id, keep=(inputs, outputs))
+                          [o.data_ptr() for o in outputs], name, op, prescale, postscale,
+                          process_set_id, keep=(inputs, outputs))
     return outputs
 
 
@@ -84,8 +84,8 @@ def broadcast(tensors: List[torch.Tensor], name: str, root_rank: int,
     outputs = [torch.empty_like(t) for t in inputs]
     for request, chosen in _per_dtype(inputs, name):
         buffers.broadcast([_host_tensor(inputs[i], "broadcast") for i in chosen],
-                       [outputs[i].data_ptr() for i in chosen], request, root_rank,
-                       process_set_id, keep=(inputs, outputs))
+                          [outputs[i].data_ptr() for i in chosen], request, root_rank,
+                          process_set_id, keep=(inputs, outputs))
     return outputs
 
 
@@ -132,8 +132,8 @@ def allreduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int, pres
     for request, chosen in _per_dtype(tensors, name):
         group = [tensors[i] for i in chosen]
         buffers.allreduce([_host_tensor(t, "allreduce") for t in group],
-                       [t.data_ptr() for t in group], request, op, prescale, postscale,
-                       process_set_id, keep=group)
+                          [t.data_ptr() for t in group], request, op, prescale, postscale,
+                          process_set_id, keep=group)
 
 
 def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: int,
@@ -148,8 +148,8 @@ def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: in
     for request, chosen in _per_dtype(tensors, name):
         group = [tensors[i] for i in chosen]
         buffers.broadcast([_host_tensor(t, "broadcast") for t in group],
-                       [t.data_ptr() for t in group], request, root_rank, process_set_id,
-                       keep=group)
+                          [t.data_ptr() for t in group], request, root_rank, process_set_id,
+                          keep=group)
 
 
 def _allocating(tensor: torch.Tensor):
@@ -202,7 +202,7 @@ def reducescatter(tensor: torch.Tensor, name: str, op: int, prescale: float, pos
     source = tensor.detach().contiguous()
     results, allocate = _allocating(source)
     buffers.reducescatter([_host_tensor(source, "reducescatter")], allocate, name, op, prescale,
-                       postscale, process_set_id)
+                          postscale, process_set_id)
     return results[0]
 
 
@@ -235,7 +235,7 @@ def alltoall(tensor: torch.Tensor, splits: List[int], name: str,
     source = tensor.detach().contiguous()
     results, allocate = _allocating(source)
     received = buffers.alltoall(_host_tensor(source, "alltoall"), splits or None, allocate, name,
-                             process_set_id)
+                                process_set_id)
     return [results[0], torch.tensor(received, dtype=torch.int32)]
 
 
