@@ -22,6 +22,7 @@ _COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather", "red
 _SHARED = {"broadcast_variables": "hvdkeras.backends.variables",
            "broadcast_object": "hvdkeras.host.objects",
            "allgather_object": "hvdkeras.host.objects",
+           "join": "hvdkeras.host.synchronization",
            "grouped_allgather": "hvdkeras.backends.grouped",
            "grouped_reducescatter": "hvdkeras.backends.grouped"}
 

@@ -13,8 +13,7 @@ from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import not_converted
 from hvdkeras.engine import process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
-
-JOIN_NAME = "hvdkeras.join"
+from hvdkeras.engine.requests import JOIN_NAME
 
 
 @not_converted

@@ -96,6 +96,8 @@ def _bind_requests(lib: ctypes.CDLL) -> None:
     lib.hvdkeras_request_output.restype = i64
     lib.hvdkeras_request_received_splits.argtypes = [i64, ctypes.POINTER(i64), ctypes.c_int]
     lib.hvdkeras_request_received_splits.restype = ctypes.c_int
+    lib.hvdkeras_request_last_joined_rank.argtypes = [i64]
+    lib.hvdkeras_request_last_joined_rank.restype = ctypes.c_int
     lib.hvdkeras_request_release.argtypes = [i64]
     lib.hvdkeras_request_release.restype = None
 

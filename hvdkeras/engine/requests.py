@@ -10,7 +10,8 @@ default names may repeat from one call to the next (Note
 [collective names] in `hvdkeras.collectives.common`: the same holds for
 eager TensorFlow ops).
 
-What may import this module: the backend bindings above `hvdkeras.engine`.
+What may import this module: the layers above `hvdkeras.engine` (the host
+collectives and backend bindings; TensorFlow's `join` reads `JOIN_NAME`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from hvdkeras.engine import c_api, library, world
 from hvdkeras.engine.types import Average
 
 # The engine's OpType numbers (ops/core/common.h; tests/test_vocabulary.py checks them).
-ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL, REDUCESCATTER, BARRIER = range(6)
-KIND_NAMES = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter", "barrier")
+ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(7)
+KIND_NAMES = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter", "barrier",
+              "join")
+# Every rank's join is one collective, whichever backend or mode calls it.
+JOIN_NAME = "hvdkeras.join"
 _SUCCEEDED, _FAILED, _RUNNING = 0, 1, 2
 # How long a wait outlasts the engine's stall bound: the engine's watchdog
 # ends the job first when a rank never joins; this bound catches the rest.
@@ -66,6 +70,10 @@ class Finished:
         count = self._lib.hvdkeras_request_received_splits(self._request, out, 4096)
         return [int(v) for v in out[:max(count, 0)]]
 
+    def last_joined_rank(self) -> int:
+        """A join's result: the rank that joined last."""
+        return int(self._lib.hvdkeras_request_last_joined_rank(self._request))
+
     def release(self) -> None:
         self._lib.hvdkeras_request_release(self._request)
 
@@ -94,6 +102,10 @@ class Pending:
         """Waits, with the stall bound plus a margin, and returns the request
         finished (release it when done).
 
+        A join waits for as long as the other ranks still work and the engine
+        runs: the coordinator ends it with an error naming the ranks that
+        neither joined nor ran a collective for twice the stall bound.
+
         Raises:
             RuntimeError: if the engine failed the op (the message names it),
                 or it did not finish within the bound.
@@ -103,6 +115,9 @@ class Pending:
         bound = stall + _MARGIN_SECONDS if stall > 0 else 1e9
         outcome = self._lib.hvdkeras_request_wait(self._request, bound, error,
                                                   c_api.ERROR_CAPACITY)
+        while outcome == _RUNNING and self._kind == JOIN and self._lib.hvdkeras_engine_running():
+            outcome = self._lib.hvdkeras_request_wait(self._request, bound, error,
+                                                      c_api.ERROR_CAPACITY)
         if outcome == _SUCCEEDED:
             return Finished(self._lib, self._request)
         what = f"hvdkeras {KIND_NAMES[self._kind]} '{self._name}'"

@@ -1,6 +1,7 @@
 """Collectives on host memory that need no deep-learning framework: buffers
 given by address, shape and element type (`buffers`), NumPy arrays
-(`arrays`) and picklable Python objects (`objects`).
+(`arrays`), picklable Python objects (`objects`) and `join`
+(`synchronization`).
 
 They run one synchronous engine request each, so they serve every Keras
 backend alike: the torch and JAX bindings hand over their tensors' memory

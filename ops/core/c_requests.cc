@@ -47,6 +47,8 @@ struct Request {
   };
   std::vector<Output> outputs;
   std::vector<int64_t> received_splits;
+  // Join only: the rank that joined last, written before `done`.
+  int32_t last_joined_rank = -1;
 };
 
 std::mutex registry_mutex;
@@ -167,6 +169,14 @@ int64_t hvdkeras_request_submit(int kind_number, const char* name, int count,
     case OpType::kBarrier:
       s = hvdkeras::EnqueueBarrier(op_name, process_set, done);
       break;
+    case OpType::kJoin:  // global: the engine takes no process set for it
+      if (process_set != 0) {
+        s = Status::Error(hvdkeras::StatusCode::kInvalidArgument,
+                          "join is global: it takes no process set");
+        break;
+      }
+      s = hvdkeras::EnqueueJoin(op_name, &request->last_joined_rank, done);
+      break;
     default:
       s = Status::Error(hvdkeras::StatusCode::kInvalidArgument,
                         "unknown request kind " + std::to_string(kind_number));
@@ -224,6 +234,14 @@ int hvdkeras_request_received_splits(int64_t id, int64_t* out, int capacity) {
   const auto& received = request->received_splits;
   for (int r = 0; r < static_cast<int>(received.size()) && r < capacity; ++r) out[r] = received[r];
   return static_cast<int>(received.size());
+}
+
+// The rank that joined last, for a finished join request; -1 otherwise.
+int hvdkeras_request_last_joined_rank(int64_t id) {
+  auto request = Find(id);
+  if (!request) return -1;
+  std::lock_guard<std::mutex> lock(request->mutex);
+  return request->finished ? request->last_joined_rank : -1;
 }
 
 // Forgets the request (its outputs go when the engine is done with it too).

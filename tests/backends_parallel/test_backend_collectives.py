@@ -253,6 +253,46 @@ def test_local_variables_keep_their_own_gradients():
     np.testing.assert_allclose(numpy(local.value), -grad / n, rtol=1e-6)
 
 
+def test_uneven_steps_then_join():
+    """Rank r runs r + 2 steps, then joins: a rank that has joined counts as
+    zeros (averages still divide by every rank), and no rows in allgather.
+    Ranks join in order of their step counts, so the last is size - 1."""
+    n, r = hvd.size(), hvd.rank()
+    assert hvd.join.__module__ == "hvdkeras.host.synchronization"
+
+    def value(rank, step):
+        return np.array([rank + 1 + step, 10 * (rank + 1)], np.float64)
+
+    for step in range(r + 2):
+        active = [k for k in range(n) if k + 2 > step]
+        want = np.sum([value(k, step) for k in active], axis=0)
+        total = hvd.allreduce(tensor(value(r, step), "float32"), op=hvd.Sum, name="join.sum")
+        mean = hvd.allreduce(tensor(value(r, step), "float32"), name="join.avg")
+        ints = hvd.allreduce(tensor(value(r, step), "int32"), op=hvd.Sum, name="join.int")
+        rows = hvd.allgather(tensor(np.full((r + 1, 2), r), "int64"), name="join.rows")
+        assert numpy(total).tolist() == want.tolist(), (step, active)
+        np.testing.assert_array_equal(numpy(mean), numpy(tensor(want / n, "float32")))
+        assert numpy(ints).tolist() == want.tolist()
+        assert numpy(rows).tolist() == [[k, k] for k in active for _ in range(k + 1)]
+    last = hvd.join()
+    assert last == n - 1
+    assert hvd.allgather_object(last, name="join.agree") == [n - 1] * n
+    # Join state resets: every rank takes full part again, and a second
+    # round in the opposite order ends with rank 0.
+    assert numpy(hvd.allreduce(tensor([1.0], "float32"), op=hvd.Sum)).tolist() == [float(n)]
+    for _ in range(n - r):
+        hvd.allreduce(tensor([1.0], "float32"), op=hvd.Sum, name="join.again")
+    assert hvd.join() == 0
+
+
+def test_join_refuses_a_process_set_in_the_request():
+    """Join is global; the host request says so rather than joining one set."""
+    from hvdkeras.engine import requests
+
+    with pytest.raises(RuntimeError, match="join is global"):
+        requests.submit(requests.JOIN, requests.JOIN_NAME, [], None, 0, process_set=1)
+
+
 def test_bad_input_is_named_on_every_rank():
     with pytest.raises(TypeError, match="complex64"):
         hvd.allreduce(tensor(np.zeros(2, dtype=np.complex64)))

@@ -79,6 +79,7 @@ loaded = hvd.load_model(os.path.join(directory, "final.keras"))
 assert hvd.is_distributed(loaded.optimizer)
 assert hvd.broadcast_object({"epoch": epoch} if hvd.rank() == 0 else None) == {"epoch": 2}
 assert hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+assert 0 <= hvd.join() < hvd.size()
 print(f"rank {hvd.rank()} tensorflow_imported {'tensorflow' in sys.modules} "
       f"hvdkeras_tried {tried}", flush=True)
 hvd.shutdown()
