@@ -15,6 +15,8 @@ the passes are summed locally and the reduction moves to the update step,
 in `_clip_gradients`, which Keras calls with the accumulated gradients just
 before clipping. Under JAX every pass traces that call, so the reduction
 sits in a `lax.cond` on the update step: the other passes move no bytes.
+With sharded state (torch only) hvdkeras sums the passes itself
+(`pass_accumulation`) and hands each window to the sharded step once.
 
 What may import this module: `hvdkeras.training.optimizer` (which dispatches
 to it under these backends).
@@ -31,6 +33,7 @@ import keras
 from hvdkeras import compat
 from hvdkeras.backends import sharded_optimizer
 from hvdkeras.backends.gradient_reduction import reduce_gradients, reduction_scaling
+from hvdkeras.backends.pass_accumulation import PassAccumulator
 from hvdkeras.engine import config, frameworks, process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
@@ -93,6 +96,8 @@ class _TorchDistributedMixin(AroundShardsMixin):
                                                   loss_scaled=holder is not self)
 
     def apply(self, grads, trainable_variables=None):
+        if self._hvdkeras_accumulator is not None:
+            return self._hvdkeras_apply_window(list(grads), trainable_variables)
         if self._hvdkeras_settings["passes"] > 1 or self._hvdkeras_reduced:
             return super().apply(grads, trainable_variables)
         with sharded_optimizer.step_scope(self):
@@ -110,6 +115,20 @@ class _TorchDistributedMixin(AroundShardsMixin):
         return super().apply([grads[k] if k in reduced else g for k, g in enumerate(rest)],
                              trainable_variables)
 
+    def _hvdkeras_apply_window(self, grads: List[Any],
+                               trainable_variables: Optional[Sequence[Any]]):
+        """Sharded state with `backward_passes_per_step` > 1: adds the pass to
+        this rank's sums and, on a window's last pass, reduces and applies
+        them as one step (the optimizer's iterations count updates, as with
+        Keras's accumulation)."""
+        variables = list(trainable_variables) if trainable_variables is not None else \
+            self._hvdkeras_variables()
+        if not self._hvdkeras_accumulator.add(grads, variables):
+            return None
+        summed = self._hvdkeras_accumulator.take(variables)
+        with sharded_optimizer.step_scope(self):
+            return self._hvdkeras_apply(summed, trainable_variables)
+
     def _backend_apply_gradients(self, grads, trainable_variables):
         # The variables of the gradients `_clip_gradients` will see (set past
         # Keras's attribute tracking: see _untracked).
@@ -120,7 +139,7 @@ class _TorchDistributedMixin(AroundShardsMixin):
             _untracked(self, "_hvdkeras_applying", None)
 
     def _clip_gradients(self, grads):
-        if self._hvdkeras_settings["passes"] > 1:
+        if self._hvdkeras_settings["passes"] > 1 and self._hvdkeras_accumulator is None:
             grads = self._hvdkeras_reduce_accumulated(list(grads))
         return super()._clip_gradients(grads)
 
@@ -235,8 +254,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
         zero_stage: 1 keeps each variable's optimizer state on one rank (its
             owner updates it and the weights are gathered back); 2 also sends
             each owner only its own reduced gradients (a reduce-scatter). As
-            under TensorFlow (`docs/memory-scaling.md`); not with
-            `backward_passes_per_step` > 1 here yet.
+            under TensorFlow (`docs/memory-scaling.md`). With
+            `backward_passes_per_step` > 1 each rank sums its passes in
+            full-size buffers of its own (torch; not under JAX yet).
 
     Returns:
         The distributed optimizer (the same object, converted in place).
@@ -251,13 +271,16 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     if zero_stage:
         sharded_optimizer.check_shardable(backward_passes_per_step)
     _check_passes(optimizer, backward_passes_per_step)
+    # Sharded state sums the passes here, not in Keras's accumulators.
+    accumulator = PassAccumulator(backward_passes_per_step, average_aggregated_gradients) \
+        if zero_stage and backward_passes_per_step > 1 else None
     if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
                          f"takes op=hvdkeras.Average, Sum or Adasum, got {op!r}.")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set
-    if backward_passes_per_step > 1:
+    if backward_passes_per_step > 1 and accumulator is None:
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     name = name or f"{optimizer.name}_gradients"
     if zero_stage:
@@ -275,5 +298,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     _untracked(optimizer, "_hvdkeras_reduced", False)
     _untracked(optimizer, "_hvdkeras_backward", None)
     _untracked(optimizer, "_hvdkeras_backward_decided", False)
+    _untracked(optimizer, "_hvdkeras_accumulator", accumulator)
     optimizer._hvdkeras_local_ids = set()
     return optimizer

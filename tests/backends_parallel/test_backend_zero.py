@@ -191,10 +191,49 @@ def test_what_cannot_be_sharded_here_is_named():
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=3)
     with pytest.raises(ValueError, match="Adasum"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1, op=hvd.Adasum)
-    with pytest.raises(ValueError, match="gradient_accumulation_steps=2 instead"):
-        hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=2,
-                                 backward_passes_per_step=2)
+    if keras.backend.backend() == "jax":
+        with pytest.raises(ValueError, match="gradient_accumulation_steps=2 instead"):
+            hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=2,
+                                     backward_passes_per_step=2)
     built = keras.optimizers.Adam()
     built.build([keras.Variable(np.zeros(2, "float32"))])
     with pytest.raises(ValueError, match="is built"):
         hvd.DistributedOptimizer(built, zero_stage=1)
+
+
+torch_only = pytest.mark.skipif(keras.backend.backend() != "torch",
+                                reason="backward_passes_per_step with zero_stage: torch only yet")
+
+
+@torch_only
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("average", [True, False], ids=["mean_of_passes", "sum_of_passes"])
+def test_backward_passes_with_sharded_state_equal_one_process_accumulating(stage, average):
+    """Two passes per update with sharded state equal one process using
+    Keras's own accumulation on the same global batches (the sum of the
+    passes is the mean at twice the learning rate), and the saved state is
+    the plain optimizer's (no accumulators in it)."""
+    model, _ = distributed(keras.optimizers.SGD(0.05, momentum=0.9), zero_stage=stage,
+                           backward_passes_per_step=2, average_aggregated_gradients=average)
+    expected = reference(keras.optimizers.SGD(0.05 if average else 0.1, momentum=0.9,
+                                              gradient_accumulation_steps=2))
+    assert_close(weights(model), weights(expected), f"stage {stage} weights")
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4  # 8 passes / 2
+    plain = keras.optimizers.SGD(0.05, momentum=0.9)
+    plain.build(model.trainable_variables)
+    with hvd.gathered_optimizer_state(model):
+        assert len(model.optimizer.variables) == len(plain.variables)
+
+
+@torch_only
+@pytest.mark.parametrize("stage", STAGES)
+def test_backward_passes_with_sharded_state_move_bytes_on_update_passes_only(stage):
+    """4 passes per update over 8 batches reduce as much as 2 single-pass steps."""
+    before = hvd.engine_stats()
+    distributed(keras.optimizers.SGD(0.05), epochs=2, zero_stage=stage,
+                backward_passes_per_step=4)
+    accumulated = (hvd.engine_stats() - before).bytes_reduced
+    before = hvd.engine_stats()
+    distributed(keras.optimizers.SGD(0.05), epochs=1, zero_stage=stage)
+    every_pass = (hvd.engine_stats() - before).bytes_reduced
+    assert accumulated > 0 and 2 * accumulated == every_pass, (accumulated, every_pass)
