@@ -227,6 +227,20 @@ def test_backward_passes_with_sharded_state_equal_one_process_accumulating(stage
 
 @torch_only
 @pytest.mark.parametrize("stage", STAGES)
+def test_backward_passes_with_sharded_state_clip_the_window_total(stage):
+    """Global-norm clipping sees the mean of the window's passes, reduced, as
+    Keras's own accumulation does in one process."""
+    def make(**more):
+        return keras.optimizers.AdamW(0.01, weight_decay=0.01, global_clipnorm=0.5, **more)
+
+    model, _ = distributed(make(), zero_stage=stage, backward_passes_per_step=2,
+                           average_aggregated_gradients=True)
+    expected = reference(make(gradient_accumulation_steps=2))
+    assert_close(weights(model), weights(expected), f"stage {stage} weights")
+
+
+@torch_only
+@pytest.mark.parametrize("stage", STAGES)
 def test_backward_passes_with_sharded_state_move_bytes_on_update_passes_only(stage):
     """4 passes per update over 8 batches reduce as much as 2 single-pass steps."""
     before = hvd.engine_stats()
