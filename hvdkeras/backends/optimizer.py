@@ -271,16 +271,17 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     if zero_stage:
         sharded_optimizer.check_shardable(backward_passes_per_step)
     _check_passes(optimizer, backward_passes_per_step)
-    # Sharded state sums the passes here, not in Keras's accumulators.
-    accumulator = PassAccumulator(backward_passes_per_step, average_aggregated_gradients) \
-        if zero_stage and backward_passes_per_step > 1 else None
     if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
                          f"takes op=hvdkeras.Average, Sum or Adasum, got {op!r}.")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set
-    if backward_passes_per_step > 1 and accumulator is None:
+    accumulator = None
+    if backward_passes_per_step > 1 and zero_stage:
+        # Sharded state sums the passes here, not in Keras's accumulators.
+        accumulator = PassAccumulator(backward_passes_per_step, average_aggregated_gradients)
+    elif backward_passes_per_step > 1:
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     name = name or f"{optimizer.name}_gradients"
     if zero_stage:
