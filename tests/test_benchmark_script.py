@@ -22,8 +22,9 @@ CASES = ["raw mpi4py Allreduce", "(a) one tensor", "(b) grouped x100", "(c) sepa
 @pytest.mark.timeout(TIMEOUT + 60)
 @pytest.mark.parametrize("extra", [[], ["--boundary"]], ids=["in-graph", "boundary"])
 def test_benchmark_prints_every_case(extra):
+    # 50 pairs, not the default 2000: the distribution's line, not its numbers.
     result = run_under_mpi(2, [str(SCRIPT), "--sizes", "4KB,256KB", "--scale", "0.05",
-                               "--repeat", "1", *extra], timeout=TIMEOUT)
+                               "--repeat", "1", "--pairs", "50", *extra], timeout=TIMEOUT)
     assert result.returncode == 0, describe(result)
     def table(out: str) -> list:
         return [line.split() for line in out.splitlines()
@@ -39,6 +40,10 @@ def test_benchmark_prints_every_case(extra):
     for row in rows:
         median_ms = float(row[-5] if row[1] != "raw" else row[-3])
         assert median_ms > 0, row
+    spread = [line for line in result.ranks[0].stdout.splitlines()
+              if line.startswith("(c) separate x100 at 4KB, ms above TF alone per step over 50")]
+    assert len(spread) == 1 and all(f"p{q} " in spread[0] for q in (10, 25, 50, 75, 90)), \
+        result.ranks[0].stdout
 
 
 SYNTHETIC = SCRIPT.parent / "synthetic_benchmark.py"

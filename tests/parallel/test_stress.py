@@ -21,10 +21,11 @@ import hvdkeras as hvd
 from parallel_helpers import WORLD_RANK, WORLD_SIZE, as_dtype, assert_exact, tensor
 
 N_OPS = 200
-# Each step retraces a 200-op function (~0.5 s of CPU per rank; about 60 s for
-# the whole test with 3 ranks on 2 cores). HVDKERAS_STRESS_STEPS overrides it
-# for quick local runs.
-N_STEPS = int(os.environ.get("HVDKERAS_STRESS_STEPS", "50"))
+# Each step retraces a 200-op function (~0.5 s of CPU per rank: 50 steps took
+# about 60 s with 3 ranks on 2 cores, 20 take about 25 s). 20 steps are 4,000
+# allreduces per rank in 20 orders per rank; HVDKERAS_STRESS_STEPS sets more
+# (or fewer, for quick local runs).
+N_STEPS = int(os.environ.get("HVDKERAS_STRESS_STEPS", "20"))
 REUSE_STEPS = 20
 OPS = (hvd.Sum, hvd.Min, hvd.Max)
 OP_NAMES = {hvd.Sum: "Sum", hvd.Min: "Min", hvd.Max: "Max"}
@@ -95,7 +96,7 @@ def test_orders_really_differ():
 
 @pytest.mark.skipif(WORLD_SIZE < 2, reason="one rank has only one submission order")
 def test_shuffled_named_allreduces(record_property):
-    """50 steps x 200 allreduces, each rank in its own order: exact results every step."""
+    """N_STEPS steps x 200 allreduces, each rank in its own order: exact results every step."""
     start = time.perf_counter()
     for step in range(N_STEPS):
         inputs = [tensor(contribution(k, step, WORLD_RANK), SPECS[k][1]) for k in range(N_OPS)]
