@@ -35,7 +35,7 @@ RANKS = (1, 2, 3)
 JOB_TIMEOUT_S = 240
 JOB_TIMEOUTS_S = {"test_stress.py": 420}
 PER_FILE = os.environ.get("HVDKERAS_PARALLEL_PER_FILE") == "1"
-# One session over every file: about 6 minutes with 3 ranks here.
+# One session over every file: about 2 minutes with 3 ranks here.
 SUITE_TIMEOUT_S = 1500
 TARGETS = PARALLEL_FILES if PER_FILE else ["."]
 # A collective some rank never submits fails after this long (naming the

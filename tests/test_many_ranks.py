@@ -26,7 +26,8 @@ cores, so these are correctness checks with generous timeouts, never timings.
   and a raising rank too, with HVDKERAS_MANY_RANKS_EVERYTHING=1; all kinds
   run at 2 and 3 ranks in tests/test_divergence_fuzz.py).
 
-8 ranks run by default (about 4 minutes here); HVDKERAS_MANY_RANKS=8,16,32
+8 ranks run by default (about 5 minutes here: the suite 170 s, the fit 55 s,
+the fuzz programs 95 s); HVDKERAS_MANY_RANKS=8,16,32
 picks the sizes and HVDKERAS_MANY_RANKS_EVERYTHING=1 runs every file and
 case at them (16 and 32 take tens of minutes here). Each job's wall time is
 printed.
@@ -82,7 +83,8 @@ def test_collective_suite(np, capsys):
     result, reports = run_pytest_under_mpi(
         np, files[0], timeout=SUITE_TIMEOUT_S[np],
         env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
-        extra_args=[str(f) for f in files[1:]] + ([] if EVERYTHING else ["-k", DEFAULT_DESELECTED]))
+        extra_args=[str(f) for f in files[1:]]
+        + ([] if EVERYTHING else ["-k", DEFAULT_DESELECTED]))
     assert_every_rank_passed(np, result, reports)
     _report(capsys, "tests/parallel", np, time.monotonic() - start)
 
