@@ -4,6 +4,7 @@ of stage 0 and of one process applying the rank-averaged gradient.
 
 Runs at 2 ranks (tests/test_keras_mpi.py) and at 4 (tests/test_zero.py)."""
 
+import functools
 import inspect
 
 import keras
@@ -68,27 +69,28 @@ def _slot_bytes(optimizer):
     return sum(int(np.prod(v.shape)) * 4 for v in inner.variables if len(v.shape) > 0)
 
 
-# Per kind, what stage 0 and one process give: (stage 0's weights, one
-# process's weights, stage 0's slot bytes). Both stages compare against the
-# same references, so each is computed once (every rank runs the tests in the
-# same order, so every rank takes part in the same stage-0 collectives).
-_REFERENCES = {}
+MATCH_STEPS = 3
 
 
-def _references(kind, grads):
-    if kind not in _REFERENCES:
-        unsharded = hvd.DistributedOptimizer(_make(kind), name=f"z0{kind}")
-        want0 = _run(unsharded, _variables(), grads)
-        want1 = _run(_make(kind), _variables(), grads, mean=True)
-        _REFERENCES[kind] = (want0, want1, _slot_bytes(unsharded))
-    return _REFERENCES[kind]
+@functools.cache
+def _references(kind):
+    """(stage 0's weights, one process's weights, stage 0's slot bytes) for `kind`.
+
+    Both stages compare against the same references, so each is computed once
+    (every rank runs the tests in the same order, so every rank takes part in
+    the same stage-0 collectives)."""
+    grads = _gradients(MATCH_STEPS)
+    unsharded = hvd.DistributedOptimizer(_make(kind), name=f"z0{kind}")
+    want0 = _run(unsharded, _variables(), grads)
+    want1 = _run(_make(kind), _variables(), grads, mean=True)
+    return want0, want1, _slot_bytes(unsharded)
 
 
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", BUILT_IN + ["LossScaleOptimizer", "user_subclass"])
 def test_matches_stage_0_and_one_process(kind, stage):
-    grads = _gradients(3)
-    want0, want1, unsharded_slot_bytes = _references(kind, grads)
+    want0, want1, unsharded_slot_bytes = _references(kind)
+    grads = _gradients(MATCH_STEPS)
     sharded = hvd.DistributedOptimizer(_make(kind), zero_stage=stage, name=f"z{stage}{kind}")
     got = _run(sharded, _variables(), grads)
     assert max(np.max(np.abs(w - (k + 1.0))) for k, w in enumerate(want1)) > 1e-4
