@@ -243,7 +243,8 @@ def describe(result: subprocess.CompletedProcess) -> str:
     return text
 
 
-def run_pytest_under_mpi(np: int, test_file: Path, timeout: float, env: dict | None = None,
+def run_pytest_under_mpi(np: int, test_file: Path | Sequence[Path], timeout: float,
+                         env: dict | None = None,
                          extra_args: Sequence[str] = (),
                          hosts: str = "") -> tuple[MpiResult, List[dict]]:
     """Runs one pytest session per rank on `test_file`; returns the job and every
@@ -251,12 +252,14 @@ def run_pytest_under_mpi(np: int, test_file: Path, timeout: float, env: dict | N
 
     Each report holds the rank, pytest's exit status and the number of tests
     that passed, failed, errored and were skipped there. `test_file` may be a
-    directory (one session over all its files); `hosts` as in `run_under_mpi`.
+    directory or a list of files (one session over all of them); `hosts` as
+    in `run_under_mpi`.
     """
+    files = [test_file] if isinstance(test_file, (str, Path)) else list(test_file)
     with tempfile.TemporaryDirectory(prefix="hvdkeras-reports-") as reports:
         result = run_under_mpi(
             np, ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *extra_args,
-                 str(test_file)],
+                 *map(str, files)],
             timeout=timeout,
             env={"HVDKERAS_UNDER_MPI": "1", RANK_REPORT_DIR: reports, **(env or {})},
             hosts=hosts)

@@ -13,6 +13,9 @@ import pytest
 
 from mpi_runner import describe, run_python
 
+# Each job here is one process: CI runs these beside the multi-rank tests.
+pytestmark = pytest.mark.light
+
 TIMEOUT_S = 180
 
 

@@ -28,6 +28,8 @@ from mpi_runner import assert_every_rank_passed, run_pytest_under_mpi
 PARALLEL_DIR = Path(__file__).resolve().parent / "parallel"
 PARALLEL_FILES = sorted(p.name for p in PARALLEL_DIR.glob("test_*.py"))
 RANKS = (1, 2, 3)
+# One rank keeps one core busy: CI runs that job beside the multi-rank tests.
+RANKS_PARAMS = [pytest.param(n, marks=pytest.mark.light) if n == 1 else n for n in RANKS]
 # Backstop against hangs, per job. test_stress.py retraces a 200-op function
 # step after step on every rank (its N_STEPS says how long that takes), and
 # a shared machine can triple that, hence its larger limit.
@@ -55,7 +57,7 @@ def test_parallel_files_found():
 @pytest.mark.slow
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
 @pytest.mark.parametrize("test_file", TARGETS, ids=lambda f: "all" if f == "." else f)
-@pytest.mark.parametrize("np", RANKS, ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("np", RANKS_PARAMS, ids=lambda n: f"np{n}")
 def test_parallel_file(np, test_file):
     """tests/parallel/<test_file> (all of it: ".") passes on every rank of an np-rank job."""
     timeout = (SUITE_TIMEOUT_S if test_file == "."

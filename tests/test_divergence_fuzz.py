@@ -50,7 +50,8 @@ def fixed_seeds(size: int) -> List[Tuple[int, str]]:
 
 @pytest.mark.skipif(LONG_RUN > 0, reason="HVDKERAS_FUZZ_PROGRAMS runs the long fuzz instead")
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("size", (2, 3), ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("size", (pytest.param(2, marks=pytest.mark.light), 3),
+                         ids=lambda n: f"np{n}")
 def test_every_divergence_ends_every_rank(size, tmp_path):
     run_programs(size, fixed_seeds(size), tmp_path)
 

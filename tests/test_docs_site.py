@@ -20,6 +20,9 @@ import pytest
 
 from hvdkeras.recipes.schema import RECIPE
 
+# One process each: CI runs these beside the multi-rank tests.
+pytestmark = pytest.mark.light
+
 REPO = Path(__file__).resolve().parent.parent
 MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict"]
 TIMEOUT = 300

@@ -23,6 +23,10 @@ from hvdkeras.runner import elastic, restart
 from hvdkeras.runner.hosts import HostSlots
 from mpi_runner import describe, run_command
 
+# The ranks mostly wait (for a death to be seen, for discovery): CI runs these
+# beside the CPU-bound tests.
+pytestmark = pytest.mark.light
+
 TESTS = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 TIMEOUT = 300

@@ -226,6 +226,7 @@ def test_a_rank_that_raises_ends_the_job_while_another_computes(marker):
 
 
 @pytest.mark.slow
+@pytest.mark.light  # the job mostly waits for the hang to be noticed
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_a_rank_that_hangs_in_a_callback_ends_the_job(marker):
     proc = _start(["-np", 2, "--stall-shutdown-seconds", STALL_SHUTDOWN_S, sys.executable, FAULTS,

@@ -1,7 +1,9 @@
 """Launches the Keras integration tests on 2 real MPI processes.
 
-* Each file in tests/keras_parallel/ runs as its own pytest session on both
-  ranks (one mpiexec job per file, so a failure names its topic).
+* tests/keras_parallel/ runs as two pytest sessions on both ranks (each
+  job start costs every rank a TensorFlow import: about 10 s of this
+  machine's two cores per file); HVDKERAS_KERAS_PER_FILE=1 runs one session
+  per file instead, so a failure in one file leaves the others running.
 * The scripts in tests/keras_mpi/ play whole jobs: stopped, crashed while
   writing a checkpoint, restarted; saved models loaded in a process that
   never imports hvdkeras; the quickstart example.
@@ -26,9 +28,19 @@ from mpi_runner import (assert_every_rank_passed, describe, run_pytest_under_mpi
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 PARALLEL = sorted((TESTS / "keras_parallel").glob("test_*.py"))
+PER_FILE = os.environ.get("HVDKERAS_KERAS_PER_FILE") == "1"
+# TensorFlow's op determinism, once on, stays on for the process (and Keras
+# then turns XLA off): the files that turn it on at import share a session,
+# the others another, so each file runs as it would alone.
+DETERMINISTIC = [p for p in PARALLEL if "enable_op_determinism()" in p.read_text()]
+SESSIONS = ({p.stem: [p] for p in PARALLEL} if PER_FILE else
+            {"deterministic": DETERMINISTIC,
+             "others": [p for p in PARALLEL if p not in DETERMINISTIC]})
 SCRIPTS = TESTS / "keras_mpi"
 # Backstop against hangs (the op library is built before any job starts).
 TIMEOUT = 240
+# One session over many files: about 3 minutes here.
+SUITE_TIMEOUT = 900
 
 
 
@@ -49,13 +61,15 @@ def _ok(result):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(TIMEOUT + 60)
-@pytest.mark.parametrize("test_file", PARALLEL, ids=[p.stem for p in PARALLEL])
-def test_keras_parallel_file(test_file):
+@pytest.mark.timeout(SUITE_TIMEOUT + 60)
+@pytest.mark.parametrize("session", sorted(SESSIONS))
+def test_keras_parallel_file(session):
+    """The files of tests/keras_parallel/ in `session` pass on both ranks."""
     # -x: a rank that fails exits; its shutdown fails the other rank's next
     # collective instead of leaving it waiting.
     result, reports = run_pytest_under_mpi(
-        2, test_file, timeout=TIMEOUT, extra_args=["-rfE", "-W", "ignore::DeprecationWarning"])
+        2, SESSIONS[session], timeout=TIMEOUT if PER_FILE else SUITE_TIMEOUT,
+        extra_args=["-rfE", "-W", "ignore::DeprecationWarning"])
     assert_every_rank_passed(2, result, reports)
 
 

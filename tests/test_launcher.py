@@ -123,6 +123,7 @@ def test_hostfile_and_slot_checks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.light  # rank 0 waits to be ended
 @pytest.mark.timeout(TIMEOUT + 60)
 @pytest.mark.parametrize("mode, expected", [("exit", "rank 1 on .* exited with code 3"),
                                             ("kill", "rank 1 on .* was killed by signal SIGKILL")])

@@ -21,6 +21,9 @@ import pytest
 from hvdkeras.engine import agreement
 from mpi_runner import describe, run_under_mpi
 
+# The ranks mostly wait out the bound: CI runs these beside the CPU-bound tests.
+pytestmark = pytest.mark.light
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "meeting_job.py"
 BOUND_S = 4.0
 SLACK_S = 6.0  # a loaded 2-core machine running 3 ranks

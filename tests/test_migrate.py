@@ -200,6 +200,7 @@ print("trained and saved")
 
 
 @pytest.mark.slow
+@pytest.mark.light  # one process
 @pytest.mark.timeout(300)
 def test_a_migrated_keras2_script_with_runtime_paths_runs(tmp_path):
     """Horovod-era Keras 2 idioms that Keras 3 rejects at run time: checkpoint

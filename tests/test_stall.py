@@ -32,7 +32,7 @@ CHECK_S = 2.0
 SHUTDOWN_S = 4.0
 SLACK_S = 2.5  # scheduling slack on a loaded 2-core machine running 3 ranks
 
-pytestmark = [pytest.mark.usefixtures("op_library_built"),
+pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.light,
               pytest.mark.slow, pytest.mark.timeout(JOB_TIMEOUT_S + 60)]
 
 

@@ -129,6 +129,7 @@ def test_the_users_level_wins(how):
 
 
 @pytest.mark.slow
+@pytest.mark.light  # one process
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_hvdkeras_check_prints_no_startup_lines_unless_asked():
     quiet = _run_clean([BIN / "hvdkeras", "check"], _env_without_levels())

@@ -15,6 +15,9 @@ import pytest
 
 from hvdkeras.engine import tf_flags, toolchain
 
+# One process each: CI runs these beside the multi-rank tests.
+pytestmark = pytest.mark.light
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -35,3 +35,16 @@ def float32_policy():
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_keras_names():
+    """Each file starts from Keras's fresh naming state, as in a session of its
+    own: the collectives of a distributed optimizer are named after it, and a
+    test that builds more optimizers on one rank than on the other (loading a
+    checkpoint, say) would otherwise leave later files' automatic names
+    (`adam_14` here, `adam_15` there) different across ranks."""
+    import keras
+
+    keras.backend.clear_session()
+    yield
