@@ -39,7 +39,7 @@ SESSIONS = ({p.stem: [p] for p in PARALLEL} if PER_FILE else
 SCRIPTS = TESTS / "keras_mpi"
 # Backstop against hangs (the op library is built before any job starts).
 TIMEOUT = 240
-# One session over many files: about 3 minutes here.
+# A session over many files: the larger takes about 100 s here.
 SUITE_TIMEOUT = 900
 
 
