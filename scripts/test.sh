@@ -46,7 +46,7 @@ main=(tests -q -p no:cacheprovider --ignore=tests/test_backends.py)
 # Not on 2 cores: there the suite alone used 1.5 of them on average, yet
 # with the light session beside it the other session's 2-rank jobs (whose
 # ranks wait on each other) slowed by as much as the light tests took out
-# (the clock passed the whole old suite's mark at the same test).
+# (docs/testing.md has the numbers).
 # HVDKERAS_LIGHT_BESIDE=1 or 0 forces it on or off.
 beside="${HVDKERAS_LIGHT_BESIDE:-auto}"
 if [[ "$beside" == "auto" ]]; then

@@ -13,7 +13,7 @@ import pytest
 
 from mpi_runner import describe, run_python
 
-# Each job here is one process: CI runs these beside the multi-rank tests.
+# Each job here is one process (the `light` marker: pyproject.toml).
 pytestmark = pytest.mark.light
 
 TIMEOUT_S = 180

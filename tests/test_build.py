@@ -24,7 +24,7 @@ from hvdkeras import cli
 from hvdkeras.engine import build, toolchain
 from mpi_runner import per_rank_output_args, rank_outputs
 
-# The builds here compile one file at a time: CI runs them beside the multi-rank tests.
+# The builds here compile one file at a time (the `light` marker: pyproject.toml).
 pytestmark = pytest.mark.light
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

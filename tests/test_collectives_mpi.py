@@ -28,7 +28,7 @@ from mpi_runner import assert_every_rank_passed, run_pytest_under_mpi
 PARALLEL_DIR = Path(__file__).resolve().parent / "parallel"
 PARALLEL_FILES = sorted(p.name for p in PARALLEL_DIR.glob("test_*.py"))
 RANKS = (1, 2, 3)
-# One rank keeps one core busy: CI runs that job beside the multi-rank tests.
+# One rank keeps one core busy (the `light` marker: pyproject.toml).
 RANKS_PARAMS = [pytest.param(n, marks=pytest.mark.light) if n == 1 else n for n in RANKS]
 # Backstop against hangs, per job. test_stress.py retraces a 200-op function
 # step after step on every rank (its N_STEPS says how long that takes), and

@@ -20,7 +20,7 @@ import pytest
 
 from hvdkeras.recipes.schema import RECIPE
 
-# One process each: CI runs these beside the multi-rank tests.
+# One process each (the `light` marker: pyproject.toml).
 pytestmark = pytest.mark.light
 
 REPO = Path(__file__).resolve().parent.parent

@@ -23,8 +23,8 @@ from hvdkeras.runner import elastic, restart
 from hvdkeras.runner.hosts import HostSlots
 from mpi_runner import describe, run_command
 
-# The ranks mostly wait (for a death to be seen, for discovery): CI runs these
-# beside the CPU-bound tests.
+# The ranks mostly wait, for a death to be seen or for discovery (the `light`
+# marker: pyproject.toml).
 pytestmark = pytest.mark.light
 
 TESTS = Path(__file__).resolve().parent

@@ -21,7 +21,7 @@ import pytest
 from hvdkeras.engine import agreement
 from mpi_runner import describe, run_under_mpi
 
-# The ranks mostly wait out the bound: CI runs these beside the CPU-bound tests.
+# The ranks mostly wait out the bound (the `light` marker: pyproject.toml).
 pytestmark = pytest.mark.light
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "meeting_job.py"

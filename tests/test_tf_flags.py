@@ -15,7 +15,7 @@ import pytest
 
 from hvdkeras.engine import tf_flags, toolchain
 
-# One process each: CI runs these beside the multi-rank tests.
+# One process each (the `light` marker: pyproject.toml).
 pytestmark = pytest.mark.light
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
