@@ -298,7 +298,8 @@ def _train_on_ray(args: argparse.Namespace, path: str, env: dict, summary_json: 
     from hvdkeras.runner.function_runner import RankFailedError  # lazy: with the rest
 
     try:
-        codes = ray_run(train_on_task, args=(path, list(args.overrides), summary_json),
+        codes = ray_run(train_on_task,
+                        args=(path, list(args.overrides), summary_json, os.getcwd()),
                         num_proc=args.np, env=env)
     except (ImportError, RankFailedError) as error:
         print(f"hvdkeras: error: {error}", file=sys.stderr)

@@ -123,7 +123,9 @@ HVDKERAS = Path(sys.executable).parent / "hvdkeras"
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_hvdkeras_train_runs_a_recipe_on_ray_actors(cluster, tmp_path):
     """`hvdkeras train --engine ray` in its own process, joining this test's
-    cluster through RAY_ADDRESS."""
+    cluster through RAY_ADDRESS. The cluster's workers start where the
+    cluster was started (here the test session's directory); the run must
+    still land where the command was given."""
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
     summary = tmp_path / "summary.json"
     result = run_command([str(HVDKERAS), "train", "digits", "--engine", "ray", "--np", "2",
@@ -132,6 +134,7 @@ def test_hvdkeras_train_runs_a_recipe_on_ray_actors(cluster, tmp_path):
     assert result.returncode == 0, describe(result)
     data = json.loads(summary.read_text())
     assert data["ranks"] == 2 and data["epochs_run"] == 1, data
+    assert (tmp_path / "runs" / "digits" / "checkpoints" / "epoch-00001.keras").is_file()
     assert "finished in" in result.stdout, describe(result)
 
 

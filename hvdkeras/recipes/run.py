@@ -64,13 +64,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def train_on_task(recipe: str, overrides: Sequence[str] = (),
-                  summary_json: Optional[str] = None) -> int:
+                  summary_json: Optional[str] = None,
+                  working_dir: Optional[str] = None) -> int:
     """One rank of a recipe run on a cluster engine's tasks (`hvdkeras train
     --engine ray`): the rank's world is already joined and its engine
     variables set (the runner's `env=`). Returns the exit code.
 
+    A task starts in its worker's directory (for Ray, wherever the cluster
+    was started), so relative paths (the recipe, its data and run
+    directory, `summary_json`) are read in `working_dir`, the directory the
+    job was started from, where this node has it.
+
     Example: `hvdkeras.ray.run(train_on_task, args=("digits",), num_proc=2)`.
     """
+    if working_dir:
+        if os.path.isdir(working_dir):
+            os.chdir(working_dir)
+        elif world.rank() == 0:
+            print(f"hvdkeras: {working_dir} (where the job was started) is not on this "
+                  f"node; relative paths in the recipe are read in {os.getcwd()}",
+                  file=sys.stderr, flush=True)
     loaded, _ = load_recipe(recipe, overrides)
     return train(loaded, summary_json)
 
