@@ -15,13 +15,16 @@ if [[ "${1:-}" == "--quick" ]]; then
   # Under 3 minutes once the environment and the op library exist. CI runs
   # everything (no argument).
   shift
+  # The ranks' start-up as in the suite's jobs (Note [lean imports in
+  # launched processes] in tests/mpi_runner.py).
+  lean="PYTHONPATH=$PWD/tests/lean_imports${PYTHONPATH:+:$PYTHONPATH}"
   "$VENV/bin/python" -m pytest tests -q -m "not slow" -p no:cacheprovider "$@"
-  HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
+  env "$lean" HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
     "$VENV/bin/python" -m pytest -q -x -p no:cacheprovider tests/parallel/test_allreduce.py \
     tests/parallel/test_broadcast.py tests/parallel/test_gather_scatter.py
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider -k "torch and on_two_ranks" \
     tests/test_backends_smoke.py
-  HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
+  env "$lean" HVDKERAS_UNDER_MPI=1 HVDKERAS_EXPECTED_SIZE=2 timeout 300 "$VENV/bin/mpiexec" -n 2 \
     "$VENV/bin/python" -m pytest -q -x -p no:cacheprovider -W ignore::DeprecationWarning \
     tests/keras_parallel/test_equivalence.py tests/keras_parallel/test_zero_training.py
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider \

@@ -16,6 +16,20 @@ its own output or from files the rank writes (the per-rank pytest sessions
 write `rank<N>.json` through `tests/conftest.py`), never from a merged
 stream. Jobs started through `hvdkerasrun` are read from its rank-tagged
 lines instead.
+
+Note [lean imports in launched processes]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+`import tensorflow` imports jax, pandas and matplotlib.pyplot whenever they
+are installed (TensorFlow Lite's JAX converter, Keras's DataFrame inputs and
+image gallery), and the main environment has all three for the other
+backends, Spark and the report: about 2 of the 5-7 s that each rank spends
+starting here, paid by every rank of every job in the suite. So every
+process launched through `run_command` starts with tests/lean_imports/ on
+PYTHONPATH, whose sitecustomize hides jax and pandas under the TensorFlow
+backend (an import of them raises ImportError, which both libraries treat as
+"not installed") and loads matplotlib.pyplot at its first use instead of at
+import. A test that needs them hidden from nothing passes
+HVDKERAS_TEST_LEAN_IMPORTS=0 in its environment.
 """
 
 from __future__ import annotations
@@ -33,6 +47,8 @@ from typing import List, Mapping, Optional, Sequence
 
 # Where the per-rank pytest sessions write their reports (tests/conftest.py).
 RANK_REPORT_DIR = "HVDKERAS_RANK_REPORT_DIR"
+# See Note [lean imports in launched processes].
+LEAN_IMPORTS_DIR = Path(__file__).resolve().parent / "lean_imports"
 # How much of the combined output an AssertionError quotes.
 TAIL_CHARS = 12_000
 
@@ -63,6 +79,9 @@ def _child_env(env: Optional[Mapping[str, str]]) -> dict:
     full["TF_CPP_MIN_LOG_LEVEL"] = "2"
     full["PYTHONUNBUFFERED"] = "1"
     full.update(env or {})
+    if full.get("HVDKERAS_TEST_LEAN_IMPORTS", "1") == "1":
+        full["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(LEAN_IMPORTS_DIR), full.get("PYTHONPATH")) if p)
     if full.get(TEST_DEVICE) != "GPU":
         full["CUDA_VISIBLE_DEVICES"] = ""
     return full

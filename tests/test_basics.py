@@ -28,6 +28,7 @@ def run_script(source: str) -> dict:
     return json.loads(lines[0][len("RESULT "):])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_queries_before_init_raise_value_error():
     """size(), rank() and the other world queries raise ValueError (naming init()) before init()."""
@@ -113,6 +114,7 @@ def test_raw_op_before_init_fails_with_a_clear_error():
             "collective 'early'.") in out["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_horovod_knob_names_reach_the_engine_and_ours_win():
     """HOROVOD_* knobs work as aliases; where both are set ours wins and init says so once."""

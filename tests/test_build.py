@@ -408,6 +408,7 @@ def test_sources_changed_during_the_build_cache_nothing(tiny_tree: Path, cache_d
     assert not list(ops_dir.glob("*/*.so")) and not list(ops_dir.glob(".tmp-*"))
 
 
+@pytest.mark.slow  # compiles a small library twice
 def test_build_reuses_cache_and_rebuilds_on_source_change(tiny_tree: Path, cache_dir: Path):
     import tensorflow as tf
 

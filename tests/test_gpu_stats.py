@@ -63,6 +63,7 @@ def _run(mode: str, tmp_path: Path):
     return result, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("op_library_built")
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_callback_gathers_every_ranks_figures(tmp_path: Path):
@@ -80,6 +81,7 @@ def test_callback_gathers_every_ranks_figures(tmp_path: Path):
         assert len(logs["loss"]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("op_library_built")
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_without_a_driver_logs_are_unchanged_and_it_is_said_once(tmp_path: Path):

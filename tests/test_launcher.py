@@ -211,6 +211,8 @@ def test_the_launcher_ends_the_ranks_when_mpiexec_does_not(tmp_path):
     assert took < FAIL_FAST_LIMIT_S, describe(result)
 
 
+@pytest.mark.slow
+@pytest.mark.light
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_check_build_prints_what_hvdkeras_check_prints():
     result = _run(["--check-build"])

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from hvdkeras.recipes import keras_catalog, load_recipe
 
 CATALOG = {"format": keras_catalog.FORMAT, "keras": "3.x",
@@ -57,6 +59,8 @@ def test_the_real_catalogue_holds_the_bundled_recipes_names(tmp_path, monkeypatc
     assert keras_catalog.current() == catalog
 
 
+@pytest.mark.slow  # builds the catalogue in a process of its own
+@pytest.mark.light
 def test_validate_imports_no_keras_once_the_catalogue_exists(tmp_path):
     env = dict(os.environ, HVDKERAS_CACHE_DIR=str(tmp_path))
     code = ("import sys, time\n"
