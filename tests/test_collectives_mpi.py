@@ -83,7 +83,10 @@ LARGE_VARIANTS = {
 # default path's reduction without its region; the two cost about 40 s at 3
 # ranks here. HVDKERAS_LARGE_PATHS_EVERY_SIZE=1 runs every path at 3 ranks.
 LARGE_EVERY_SIZE = os.environ.get("HVDKERAS_LARGE_PATHS_EVERY_SIZE") == "1"
-LARGE_CASES = [pytest.param(n, v, id=f"np{n}-{v}")
+# The shared-memory variants at 2 ranks are `extended` (pyproject.toml):
+# their 3-rank form and the MPI pieces at 2 ranks run in every CI run.
+LARGE_CASES = [pytest.param(n, v, id=f"np{n}-{v}",
+                            marks=[pytest.mark.extended] if n == 2 and v != "mpi" else [])
                for n in (2, 3) for v in sorted(LARGE_VARIANTS)
                if n == 2 or v == "shm-small-arena" or LARGE_EVERY_SIZE]
 

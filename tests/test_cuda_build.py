@@ -236,6 +236,7 @@ print(json.dumps({"with_cuda": info["with_cuda"], "device": info["device"],
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the TensorFlow versions leg builds CPU-only libraries too
 def test_forcing_the_gpu_part_off_builds_a_cpu_library(built, tmp_path: Path):
     env = {**os.environ, "HVDKERAS_CUDA": "0", "HVDKERAS_CACHE_DIR": str(tmp_path / "cache")}
     result = subprocess.run([sys.executable, "-c", _FORCED_BUILD], capture_output=True,

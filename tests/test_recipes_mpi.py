@@ -124,6 +124,7 @@ def test_warmup_cosine_resumes_and_follows_the_schedule(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the other recipe runs cover the machinery with small models
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_resnet50_synthetic_short(tmp_path):
     _, summary = train(RECIPES / "resnet50_synthetic.yaml",
