@@ -89,14 +89,15 @@ fi
 # Second leg: the tests marked `extended` (pyproject.toml: slow variants of
 # what the main suite covers: the CPU-only build, two shared-memory allreduce
 # paths at 2 ranks, ResNet-50 through a recipe, a fit on 2x2 simulated
-# hosts; about 190 s here), after a passing main suite given no pytest
-# arguments, when the time used so far leaves room in the CI budget.
+# hosts; 208 s in a clean-clone run here), after a passing main suite given
+# no pytest arguments, when the time used so far leaves room in the CI budget.
 # HVDKERAS_EXTENDED_LEG=1 forces it, =0 skips it;
-# HVDKERAS_EXTENDED_LEG_SECONDS is its allowance (240).
+# HVDKERAS_EXTENDED_LEG_SECONDS is its allowance (300: the leg with room for a
+# slow day, so that running it never takes CI past the budget).
 lege="${HVDKERAS_EXTENDED_LEG:-auto}"
 if [[ $status -eq 0 && "$lege" != "0" ]]; then
   budget="${HVDKERAS_CI_BUDGET_SECONDS:-2700}"
-  allowance="${HVDKERAS_EXTENDED_LEG_SECONDS:-240}"
+  allowance="${HVDKERAS_EXTENDED_LEG_SECONDS:-300}"
   if [[ "$lege" == "1" ]] || [[ $# -eq 0 && $((SECONDS + allowance)) -le $budget ]]; then
     "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider -m extended || status=$?
   else
