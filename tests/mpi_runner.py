@@ -28,8 +28,8 @@ process launched through `run_command` starts with tests/lean_imports/ on
 PYTHONPATH, whose sitecustomize hides jax and pandas under the TensorFlow
 backend (an import of them raises ImportError, which both libraries treat as
 "not installed") and loads matplotlib.pyplot at its first use instead of at
-import. A test that needs them hidden from nothing passes
-HVDKERAS_TEST_LEAN_IMPORTS=0 in its environment.
+import. A test whose processes need jax or pandas under TensorFlow passes
+HVDKERAS_TEST_LEAN_IMPORTS=0 in their environment.
 """
 
 from __future__ import annotations
