@@ -28,14 +28,15 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
   # against. HVDKERAS_TORCH_SPEC names another CPU build (found through pip's
   # configured indexes and wheel directories); without one the torch tests skip.
   torch_spec="${HVDKERAS_TORCH_SPEC:-torch==2.13.0+cpu}"
+  required="test,spark,tensorboard,docs,gpu"
   # Everything in one resolution (138 s on a clean clone here, against 184 s
   # for the steps below); where that fails, the required extras first and
   # then each optional one on its own, so one that cannot be installed only
   # makes its tests skip.
-  if ! "$VENV/bin/python" -m pip install -e ".[test,spark,tensorboard,docs,gpu,torch,jax,ray]" \
+  if ! "$VENV/bin/python" -m pip install -e ".[$required,torch,jax,ray]" \
       "$torch_spec" >&2; then
     echo "setup_env: installing everything at once failed; installing the extras one by one" >&2
-    "$VENV/bin/python" -m pip install -e ".[test,spark,tensorboard,docs,gpu]" >&2
+    "$VENV/bin/python" -m pip install -e ".[$required]" >&2
     "$VENV/bin/python" -m pip install "$torch_spec" >&2 \
       && "$VENV/bin/python" -m pip install -e ".[torch]" >&2 \
       || echo "setup_env: no CPU build of torch could be installed; the torch tests will skip" >&2

@@ -86,66 +86,51 @@ if [[ $status -eq 5 ]]; then
   echo "test.sh: pytest collected no tests; treating that as a failure" >&2
 fi
 
+# The legs after the main suite. Each runs after a passing main suite given
+# no pytest arguments, when the time used so far plus the leg's allowance
+# stays within the CI budget (HVDKERAS_CI_BUDGET_SECONDS, default 2700: the
+# project keeps a default CI run under 45 minutes). Its switch variable =1
+# forces it, =0 skips it; its _SECONDS variable sets its allowance.
+pytest_args=$#
+# leg_has_room WHAT SWITCH_VARIABLE ALLOWANCE_VARIABLE DEFAULT_ALLOWANCE
+leg_has_room() {
+  local what=$1 switch="${!2:-auto}" allowance="${!3:-$4}"
+  local budget="${HVDKERAS_CI_BUDGET_SECONDS:-2700}"
+  [[ $status -eq 0 && "$switch" != "0" ]] || return 1
+  if [[ "$switch" == "1" ]] \
+     || [[ $pytest_args -eq 0 && $((SECONDS + allowance)) -le $budget ]]; then
+    return 0
+  fi
+  echo "test.sh: skipping $what (pytest arguments given, or ${SECONDS}s used +" \
+       "${allowance}s would pass the ${budget}s budget); $2=1 forces it" >&2
+  return 1
+}
+
 # Second leg: the tests marked `extended` (pyproject.toml: slow variants of
 # what the main suite covers: the CPU-only build, two shared-memory allreduce
 # paths at 2 ranks, ResNet-50 through a recipe, a fit on 2x2 simulated
-# hosts; 208 s in a clean-clone run here), after a passing main suite given
-# no pytest arguments, when the time used so far leaves room in the CI budget.
-# HVDKERAS_EXTENDED_LEG=1 forces it, =0 skips it;
-# HVDKERAS_EXTENDED_LEG_SECONDS is its allowance (300: the leg with room for a
-# slow day, so that running it never takes CI past the budget).
-lege="${HVDKERAS_EXTENDED_LEG:-auto}"
-if [[ $status -eq 0 && "$lege" != "0" ]]; then
-  budget="${HVDKERAS_CI_BUDGET_SECONDS:-2700}"
-  allowance="${HVDKERAS_EXTENDED_LEG_SECONDS:-300}"
-  if [[ "$lege" == "1" ]] || [[ $# -eq 0 && $((SECONDS + allowance)) -le $budget ]]; then
-    "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider -m extended || status=$?
-  else
-    echo "test.sh: skipping the extended leg (pytest arguments given, or ${SECONDS}s used +" \
-         "${allowance}s would pass the ${budget}s budget); HVDKERAS_EXTENDED_LEG=1 forces it" >&2
-  fi
+# hosts; 208 s in a clean-clone run here). Allowance 300 s: the leg with room
+# for a slow day, so that running it never takes CI past the budget.
+if leg_has_room "the extended leg" HVDKERAS_EXTENDED_LEG HVDKERAS_EXTENDED_LEG_SECONDS 300; then
+  "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider -m extended || status=$?
 fi
 
 # Third leg: the other Keras backends (tests/test_backends.py: torch and jax at
 # 2 and 3 ranks, sharded optimizer state included, the quickstart and a
 # recipe under each; about 8 minutes here; the main suite runs their
-# collectives on 2 ranks, tests/test_backends_smoke.py), after a passing
-# main suite given no pytest arguments, when the time used so far leaves room
-# in the CI budget. HVDKERAS_BACKENDS_LEG=1 forces it, =0 skips it;
-# HVDKERAS_BACKENDS_LEG_SECONDS is its allowance (480).
-legb="${HVDKERAS_BACKENDS_LEG:-auto}"
-if [[ $status -eq 0 && "$legb" != "0" ]]; then
-  budget="${HVDKERAS_CI_BUDGET_SECONDS:-2700}"
-  allowance="${HVDKERAS_BACKENDS_LEG_SECONDS:-480}"
-  if [[ "$legb" == "1" ]] || [[ $# -eq 0 && $((SECONDS + allowance)) -le $budget ]]; then
-    "$VENV/bin/python" -m pytest tests/test_backends.py -q -rs || status=$?
-  else
-    echo "test.sh: skipping the backends leg (pytest arguments given, or ${SECONDS}s used +" \
-         "${allowance}s would pass the ${budget}s budget); HVDKERAS_BACKENDS_LEG=1 forces it" >&2
-  fi
+# collectives on 2 ranks, tests/test_backends_smoke.py). Allowance 480 s.
+if leg_has_room "the backends leg" HVDKERAS_BACKENDS_LEG HVDKERAS_BACKENDS_LEG_SECONDS 480; then
+  "$VENV/bin/python" -m pytest tests/test_backends.py -q -rs || status=$?
 fi
 
 # Fourth leg: every other TensorFlow minor version hvdkeras supports, each in
-# its own environment, with the CPU-only op library (scripts/test_tf_versions.sh: it builds, the
-# collectives on 2 ranks, a model.fit equivalence, and on 2.17.1 the Parquet
-# recipe through tensorflow-io). It runs after a passing main suite that was
-# given no pytest arguments, when the time used so far leaves room for it in
-# the CI budget (the project keeps a default CI run under 45 minutes).
-# HVDKERAS_TF_VERSIONS_LEG=1 forces it, =0 skips it;
-# HVDKERAS_CI_BUDGET_SECONDS (default 2700) and HVDKERAS_TF_VERSIONS_LEG_SECONDS
-# (the leg's allowance, default 780: about 13 minutes for five versions
-# here, cold environments included).
-leg2="${HVDKERAS_TF_VERSIONS_LEG:-auto}"
-if [[ $status -eq 0 && "$leg2" != "0" ]]; then
-  budget="${HVDKERAS_CI_BUDGET_SECONDS:-2700}"
-  allowance="${HVDKERAS_TF_VERSIONS_LEG_SECONDS:-780}"
-  if [[ "$leg2" == "1" ]] || [[ $# -eq 0 && $((SECONDS + allowance)) -le $budget ]]; then
-    bash scripts/test_tf_versions.sh || status=$?
-  else
-    echo "test.sh: skipping the TensorFlow versions leg (pytest arguments given, or" \
-         "${SECONDS}s used + ${allowance}s would pass the ${budget}s budget);" \
-         "HVDKERAS_TF_VERSIONS_LEG=1 forces it" >&2
-  fi
+# its own environment, with the CPU-only op library (scripts/test_tf_versions.sh:
+# it builds, the collectives on 2 ranks, a model.fit equivalence, and on
+# 2.17.1 the Parquet recipe through tensorflow-io). Allowance 780 s: about 13
+# minutes for five versions here, cold environments included.
+if leg_has_room "the TensorFlow versions leg" HVDKERAS_TF_VERSIONS_LEG \
+    HVDKERAS_TF_VERSIONS_LEG_SECONDS 780; then
+  bash scripts/test_tf_versions.sh || status=$?
 fi
 echo "test.sh: finished in ${SECONDS}s" >&2
 exit "$status"
