@@ -25,7 +25,8 @@ replaced by a local multiply that writes outputs of the same sizes: what
 TensorFlow itself costs (function call, outputs), which no communication
 library can remove. Last, for the first size, case (c) and its TF-only twin
 run in turn call by call (`--pairs` of them), and the distribution of the
-difference is printed: what 100 separate collectives add to a step.
+difference is printed: what 100 separate collectives add to a step (and, for
+comparison, what one group of the same tensors and one tensor add).
 """
 
 from __future__ import annotations
@@ -168,21 +169,21 @@ RAW = "raw mpi4py Allreduce"
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
-def paired_overhead(label: str, iterations: int, comm, boundary: bool) -> np.ndarray:
-    """Per step, what case (c) costs above its TF-only twin: the two run in
+def paired_overhead(label: str, case: str, iterations: int, comm, boundary: bool) -> np.ndarray:
+    """Per step, what `case` costs above its TF-only twin: the two run in
     turn, call by call, and each pair's difference is the slowest rank's."""
     _, cases = make_cases(SIZES[label], comm, boundary)
-    separate, many_local = cases["(c) separate x100"]
+    collective, local = cases[case]
     tf.config.optimizer.set_experimental_options({"dependency_optimization": False})
-    many_local()  # traced with the pass off, as in measure_size
+    local()  # traced with the pass off, as in measure_size
     tf.config.optimizer.set_experimental_options({"dependency_optimization": True})
     for _ in range(20):
-        separate()
-        many_local()
+        collective()
+        local()
     diffs = np.empty(iterations)
     for k in range(iterations):
         seconds = []
-        for fn in (separate, many_local):
+        for fn in (collective, local):
             comm.Barrier()
             start = time.perf_counter()
             fn()
@@ -230,8 +231,8 @@ def main() -> None:
                              "then time it; compare runs with and without autotune")
     parser.add_argument("--warm-steps", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=2000,
-                        help="interleaved (c)/TF-only pairs for the distribution of what "
-                             "100 separate allreduces add per step (0: skip it)")
+                        help="interleaved pairs of each case and its TF-only twin for the "
+                             "distribution of what it adds per step (0: skip it)")
     parser.add_argument("--boundary", action="store_true",
                         help="pass the 100 tensors into the function as captures and return "
                              "every result to Python (adds TensorFlow's per-tensor call cost)")
@@ -271,12 +272,15 @@ def main() -> None:
                   f"{statistics.median(ratios):>7.2f} {spread:>12} {local_text}")
     if args.pairs > 0:
         label = labels[0]
-        added = paired_overhead(label, args.pairs, comm, args.boundary)
-        if comm.Get_rank() == 0:
-            points = "  ".join(f"p{int(q * 100)} {np.quantile(added, q) * 1e3:.3f}"
-                               for q in QUANTILES)
-            print(f"(c) separate x100 at {label}, ms above TF alone per step over {args.pairs} "
-                  f"interleaved pairs: {points}")
+        # (c) is the figure of interest; (a) and (b) show what one collective
+        # and one group of the same tensors add on the same machine state.
+        for case in ("(c) separate x100", "(b) grouped x100", "(a) one tensor"):
+            added = paired_overhead(label, case, args.pairs, comm, args.boundary)
+            if comm.Get_rank() == 0:
+                points = "  ".join(f"p{int(q * 100)} {np.quantile(added, q) * 1e3:.3f}"
+                                   for q in QUANTILES)
+                print(f"{case} at {label}, ms above TF alone per step over {args.pairs} "
+                      f"interleaved pairs: {points}")
     hvd.shutdown()
 
 

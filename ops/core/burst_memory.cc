@@ -4,6 +4,7 @@ namespace hvdkeras {
 
 void BurstMemory::Remember(const std::vector<std::string>& names) {
   if (names.empty()) return;
+  if (SameAsRemembered(names)) return;  // the usual step: nothing to allocate
   auto burst = std::make_shared<Burst>();
   burst->size = names.size();
   // Bursts of earlier cycles that lose members shrink with them, so that a
@@ -17,6 +18,18 @@ void BurstMemory::Remember(const std::vector<std::string>& names) {
       burst_of_.emplace(name, burst);
     }
   }
+}
+
+bool BurstMemory::SameAsRemembered(const std::vector<std::string>& names) const {
+  const Burst* first = nullptr;
+  for (const std::string& name : names) {
+    auto it = burst_of_.find(name);
+    if (it == burst_of_.end()) return false;
+    if (first == nullptr) first = it->second.get();
+    if (it->second.get() != first) return false;
+  }
+  // Distinct names (agreed ops are) all in one burst of their number: it is this one.
+  return first->size == names.size();
 }
 
 void BurstMemory::BeginCount() {

@@ -50,6 +50,9 @@ class BurstMemory {
     size_t counted = 0;
     size_t count_epoch = 0;
   };
+  // True when `names` are exactly the members of one remembered burst.
+  bool SameAsRemembered(const std::vector<std::string>& names) const;
+
   std::unordered_map<std::string, std::shared_ptr<Burst>> burst_of_;
   size_t epoch_ = 0;
   size_t missing_ = 0;  // over the bursts of this count with 0 < counted: size - counted

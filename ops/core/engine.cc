@@ -240,13 +240,13 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
 
   const std::vector<PendingOp*>& ready = agreement.ready;
   if (!ready.empty()) {
-    std::vector<std::string> names;
-    names.reserve(ready.size());
-    for (const PendingOp* op : ready) names.push_back(op->request.name);
-    bursts_.Remember(names);
+    // Reused from cycle to cycle: Note [recycled ops].
+    burst_names_.resize(ready.size());
+    for (size_t i = 0; i < ready.size(); ++i) burst_names_[i] = ready[i]->request.name;
+    bursts_.Remember(burst_names_);
     const std::string what =
-        "'" + names[0] + "'" +
-        (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+        "'" + burst_names_[0] + "'" +
+        (ready.size() > 1 ? " and " + std::to_string(ready.size() - 1) + " more" : "");
     activity_.Enter(EngineActivity::Phase::kExecuting, &what);
   }
   const std::vector<Status> statuses = executor_.Execute(
@@ -299,11 +299,14 @@ void Engine::Finish(std::vector<std::pair<PendingOp*, Status>> results) {
   }
   queue_.Release(finished);
   std::vector<std::unique_ptr<PendingOp>> owned = pending_.TakeFinished();
-  CompletionBatch batch;  // Note [completion batches]
-  for (auto& [op, status] : results) {
-    if (!status.ok()) DiscardReadyEvents(op);
-    op->done(status);
+  {
+    CompletionBatch batch;  // Note [completion batches]
+    for (auto& [op, status] : results) {
+      if (!status.ok()) DiscardReadyEvents(op);
+      op->done(status);
+    }
   }
+  queue_.Recycle(&owned);  // Note [recycled ops]
 }
 
 void Engine::FailEverything(const std::string& why) {

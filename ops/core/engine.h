@@ -74,6 +74,13 @@ class Engine {
   // Any thread. Fails when not running or when the name is in flight; a
   // refused op is left with the caller.
   Status Enqueue(std::unique_ptr<PendingOp>&& op) { return queue_.Submit(std::move(op)); }
+  // All of `ops` or none; see SubmissionQueue::SubmitAll.
+  Status EnqueueAll(std::vector<std::unique_ptr<PendingOp>>* ops) { return queue_.SubmitAll(ops); }
+  // Emptied ops to fill (Note [recycled ops] in pending_op.h).
+  void TakeSpareOps(size_t n, std::vector<std::unique_ptr<PendingOp>>* out) {
+    queue_.TakeSpares(n, out);
+  }
+  std::unique_ptr<PendingOp> TakeSpareOp() { return queue_.TakeSpare(); }
 
   // The fusion threshold and cycle time in use (autotune changes them).
   void CurrentParams(int64_t* fusion_threshold, double* cycle_time_ms) const {
@@ -132,6 +139,7 @@ class Engine {
   Tuning tuning_;
   Timeline timeline_;
   BurstMemory bursts_;
+  std::vector<std::string> burst_names_;  // the last cycle's agreed ops, for bursts_
   bool shutdown_agreed_ = false;  // the loop ended by a shutdown all ranks saw
   // What this thread is inside, for the watchdog (Note [bounded waits] in
   // watchdog.h); and how many ops were waiting when it was last told.

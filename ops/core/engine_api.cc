@@ -14,18 +14,38 @@ Status Invalid(const std::string& message) {
   return Status::Error(StatusCode::kInvalidArgument, message);
 }
 
-std::unique_ptr<PendingOp> MakeOp(const std::string& name, OpType type,
-                                  std::vector<TensorRef> tensors, DoneCallback done) {
-  auto op = std::make_unique<PendingOp>();
+// Sets every field a submission decides, so that a recycled op (Note
+// [recycled ops] in pending_op.h) carries nothing over from its last use.
+void FillOp(PendingOp* op, const std::string& name, OpType type, DoneCallback done) {
   Request& r = op->request;
   r.name = name;
   r.op_type = type;
-  for (const TensorRef& t : tensors) {
-    r.dtypes.push_back(t.dtype);
-    r.shapes.push_back(t.shape);
+  r.reduce_op = ReduceOp::kSum;
+  r.prescale = 1.0;
+  r.postscale = 1.0;
+  r.root_rank = 0;
+  r.device = DeviceKind::kCpu;
+  r.dtypes.clear();
+  r.shapes.resize(op->tensors.size());  // keeps the shapes' storage
+  for (size_t i = 0; i < op->tensors.size(); ++i) {
+    r.dtypes.push_back(op->tensors[i].dtype);
+    r.shapes[i].assign(op->tensors[i].shape.begin(), op->tensors[i].shape.end());
   }
-  op->tensors = std::move(tensors);
   op->done = std::move(done);
+}
+
+// An emptied op of the process set's engine, or a new one.
+std::unique_ptr<PendingOp> SpareOp(int process_set) {
+  Engine* engine = Engine::ForSet(process_set);
+  std::unique_ptr<PendingOp> op = engine ? engine->TakeSpareOp() : nullptr;
+  return op ? std::move(op) : std::make_unique<PendingOp>();
+}
+
+std::unique_ptr<PendingOp> MakeOp(int process_set, const std::string& name, OpType type,
+                                  std::vector<TensorRef> tensors, DoneCallback done) {
+  std::unique_ptr<PendingOp> op = SpareOp(process_set);
+  op->tensors = std::move(tensors);
+  FillOp(op.get(), name, type, std::move(done));
   return op;
 }
 
@@ -71,6 +91,19 @@ Status Queue(std::unique_ptr<PendingOp> op, int process_set) {
   return s;
 }
 
+// Whether `dtype` can be reduced with `op`, for the collective `name`.
+Status CheckReduction(const char* what, const std::string& name, DataType dtype, ReduceOp op) {
+  if (!IsReducible(dtype)) {
+    return Invalid(std::string(what) + " '" + name + "' does not support " +
+                   DataTypeName(dtype) + " tensors");
+  }
+  if (!IsValidReduceOp(static_cast<int32_t>(op))) {
+    return Invalid(std::string(what) + " '" + name + "' got an unknown reduction op " +
+                   std::to_string(static_cast<int>(op)));
+  }
+  return Status::OK();
+}
+
 // Checks shared by the reducing ops: a name, tensors, one reducible dtype.
 Status CheckReducible(const char* what, const std::string& name,
                       const std::vector<TensorRef>& tensors, ReduceOp op) {
@@ -82,16 +115,8 @@ Status CheckReducible(const char* what, const std::string& name,
                      DataTypeName(tensors[0].dtype) + " and " + DataTypeName(t.dtype) +
                      "; submit one group per dtype");
     }
-    if (!IsReducible(t.dtype)) {
-      return Invalid(std::string(what) + " '" + name + "' does not support " +
-                     DataTypeName(t.dtype) + " tensors");
-    }
   }
-  if (!IsValidReduceOp(static_cast<int32_t>(op))) {
-    return Invalid(std::string(what) + " '" + name + "' got an unknown reduction op " +
-                   std::to_string(static_cast<int>(op)));
-  }
-  return Status::OK();
+  return CheckReduction(what, name, tensors[0].dtype, op);
 }
 
 Status CheckNamed(const char* what, const std::string& name,
@@ -108,18 +133,64 @@ Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors,
                         DoneCallback done) {
   Status s = CheckReducible("allreduce", name, tensors, op);
   if (!s.ok()) return s;
-  auto pending = MakeOp(name, OpType::kAllreduce, std::move(tensors), std::move(done));
+  auto pending = MakeOp(process_set, name, OpType::kAllreduce, std::move(tensors), std::move(done));
   pending->request.reduce_op = op;
   pending->request.prescale = prescale;
   pending->request.postscale = postscale;
   return Queue(std::move(pending), process_set);
 }
 
+Status EnqueueAllreduceEach(const std::vector<std::string>& names,
+                            std::vector<TensorRef> tensors, ReduceOp op, double prescale,
+                            double postscale, int process_set, const DoneCallback& done) {
+  if (names.size() != tensors.size()) {
+    return Invalid("allreduce of separate tensors needs one name per tensor, got " +
+                   std::to_string(names.size()) + " names for " +
+                   std::to_string(tensors.size()) + " tensors");
+  }
+  if (tensors.empty()) return Invalid("allreduce of separate tensors was given no tensors");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (names[i].empty()) return Invalid("allreduce needs a non-empty name");
+    Status s = CheckReduction("allreduce", names[i], tensors[i].dtype, op);
+    if (!s.ok()) return s;
+  }
+  Engine* engine = Engine::ForSet(process_set);
+  if (engine == nullptr) {
+    return Status::Error(StatusCode::kPreconditionError,
+                         "allreduce '" + names[0] + "' names process set " +
+                             std::to_string(process_set) +
+                             ", which this rank is not a member of (or which was removed)");
+  }
+  std::vector<std::unique_ptr<PendingOp>> ops;
+  ops.reserve(tensors.size());
+  engine->TakeSpareOps(tensors.size(), &ops);
+  while (ops.size() < tensors.size()) ops.push_back(std::make_unique<PendingOp>());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PendingOp* pending = ops[i].get();
+    pending->tensors.resize(1);
+    pending->tensors[0] = std::move(tensors[i]);
+    FillOp(pending, names[i], OpType::kAllreduce, done);
+    pending->request.reduce_op = op;
+    pending->request.prescale = prescale;
+    pending->request.postscale = postscale;
+    Status s = PrepareDevice(pending);
+    if (!s.ok()) {
+      for (size_t j = 0; j <= i; ++j) DiscardReadyEvents(ops[j].get());
+      return s;
+    }
+  }
+  Status s = engine->EnqueueAll(&ops);
+  if (!s.ok()) {
+    for (auto& pending : ops) DiscardReadyEvents(pending.get());
+  }
+  return s;
+}
+
 Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors, int root_rank,
                         int process_set, DoneCallback done) {
   Status s = CheckNamed("broadcast", name, tensors);
   if (!s.ok()) return s;
-  auto pending = MakeOp(name, OpType::kBroadcast, std::move(tensors), std::move(done));
+  auto pending = MakeOp(process_set, name, OpType::kBroadcast, std::move(tensors), std::move(done));
   pending->request.root_rank = root_rank;
   return Queue(std::move(pending), process_set);
 }
@@ -128,7 +199,7 @@ Status EnqueueAllgather(const std::string& name, std::vector<TensorRef> tensors,
                         int process_set, DoneCallback done) {
   Status s = CheckNamed("allgather", name, tensors);
   if (!s.ok()) return s;
-  return Queue(MakeOp(name, OpType::kAllgather, std::move(tensors), std::move(done)),
+  return Queue(MakeOp(process_set, name, OpType::kAllgather, std::move(tensors), std::move(done)),
                process_set);
 }
 
@@ -137,7 +208,7 @@ Status EnqueueAlltoall(const std::string& name, TensorRef tensor, std::vector<in
   if (name.empty()) return Invalid("alltoall needs a non-empty name");
   std::vector<TensorRef> tensors;
   tensors.push_back(std::move(tensor));
-  auto pending = MakeOp(name, OpType::kAlltoall, std::move(tensors), std::move(done));
+  auto pending = MakeOp(process_set, name, OpType::kAlltoall, std::move(tensors), std::move(done));
   pending->request.splits = std::move(splits);
   return Queue(std::move(pending), process_set);
 }
@@ -151,7 +222,8 @@ Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tens
     return Invalid("reducescatter '" + name + "' supports only Sum and Average, not " +
                    ReduceOpName(op));
   }
-  auto pending = MakeOp(name, OpType::kReducescatter, std::move(tensors), std::move(done));
+  auto pending =
+      MakeOp(process_set, name, OpType::kReducescatter, std::move(tensors), std::move(done));
   pending->request.reduce_op = op;
   pending->request.prescale = prescale;
   pending->request.postscale = postscale;
@@ -160,12 +232,12 @@ Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tens
 
 Status EnqueueBarrier(const std::string& name, int process_set, DoneCallback done) {
   if (name.empty()) return Invalid("barrier needs a non-empty name");
-  return Queue(MakeOp(name, OpType::kBarrier, {}, std::move(done)), process_set);
+  return Queue(MakeOp(process_set, name, OpType::kBarrier, {}, std::move(done)), process_set);
 }
 
 Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallback done) {
   if (name.empty()) return Invalid("join needs a non-empty name");
-  auto pending = MakeOp(name, OpType::kJoin, {}, std::move(done));
+  auto pending = MakeOp(/*process_set=*/0, name, OpType::kJoin, {}, std::move(done));
   pending->join_result = last_joined_rank;
   return Queue(std::move(pending), /*process_set=*/0);
 }

@@ -67,6 +67,15 @@ Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors,
                         double prescale, double postscale, int process_set,
                         DoneCallback done);
 
+// Allreduce of each tensor as a collective of its own, named names[i]: what
+// the ranks negotiate and what errors name are those of one EnqueueAllreduce
+// per tensor, but the ops are built from recycled ones and queued in one
+// submission (Note [recycled ops] in pending_op.h). All are queued or none
+// (then `done` is never called); `done` runs once per tensor.
+Status EnqueueAllreduceEach(const std::vector<std::string>& names,
+                            std::vector<TensorRef> tensors, ReduceOp op, double prescale,
+                            double postscale, int process_set, const DoneCallback& done);
+
 // Broadcast of one or more tensors (any dtypes) from root_rank.
 Status EnqueueBroadcast(const std::string& name, std::vector<TensorRef> tensors, int root_rank,
                         int process_set, DoneCallback done);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 
 namespace hvdkeras {
 
@@ -11,6 +12,7 @@ void SubmissionQueue::Open(int rank, const std::string& timeline_path,
   rank_ = rank;
   incoming_.clear();
   in_flight_.clear();
+  in_flight_count_ = 0;
   shutdown_requested_ = false;
   timeline_requested_ = !timeline_path.empty();
   timeline_path_ = timeline_path;
@@ -23,9 +25,7 @@ bool SubmissionQueue::running() {
   return state_ == State::kRunning;
 }
 
-Status SubmissionQueue::Submit(std::unique_ptr<PendingOp>&& op) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const std::string& name = op->request.name;
+Status SubmissionQueue::CheckSubmittable(const std::string& name) {
   if (state_ == State::kNeverStarted) {
     return Status::Error(StatusCode::kPreconditionError,
                          "hvdkeras has not been initialized: call hvdkeras.init() before "
@@ -37,12 +37,27 @@ Status SubmissionQueue::Submit(std::unique_ptr<PendingOp>&& op) {
                          "hvdkeras has been shut down, so collective '" + name +
                              "' cannot run. Call hvdkeras.init() again to restart it.");
   }
-  if (!in_flight_.insert(name).second) {
+  auto it = in_flight_.find(name);
+  if (it != in_flight_.end() && it->second) {
     return Status::Error(StatusCode::kInvalidArgument,
                          "A collective named '" + name + "' is already in flight on rank " +
                              std::to_string(rank_) +
                              ": concurrent collectives need distinct names.");
   }
+  return Status::OK();
+}
+
+void SubmissionQueue::MarkInFlight(const std::string& name) {
+  auto [it, added] = in_flight_.try_emplace(name, true);
+  if (!added) it->second = true;
+  ++in_flight_count_;
+}
+
+Status SubmissionQueue::Submit(std::unique_ptr<PendingOp>&& op) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const Status ok = CheckSubmittable(op->request.name);
+  if (!ok.ok()) return ok;
+  MarkInFlight(op->request.name);
   op->request.rank = rank_;
   op->enqueued = std::chrono::steady_clock::now();
   incoming_.push_back(std::move(op));
@@ -51,6 +66,50 @@ Status SubmissionQueue::Submit(std::unique_ptr<PendingOp>&& op) {
   lock.unlock();  // the woken engine thread can take the lock at once
   if (wake) cv_.notify_one();
   return Status::OK();
+}
+
+Status SubmissionQueue::SubmitAll(std::vector<std::unique_ptr<PendingOp>>* ops) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (size_t i = 0; i < ops->size(); ++i) {
+    const std::string& name = (*ops)[i]->request.name;
+    Status ok = CheckSubmittable(name);
+    if (!ok.ok()) {
+      for (size_t j = 0; j < i; ++j) {  // take back what this call marked
+        in_flight_[(*ops)[j]->request.name] = false;
+        --in_flight_count_;
+      }
+      return ok;
+    }
+    MarkInFlight(name);  // also catches a name given twice in `ops`
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& op : *ops) {
+    op->request.rank = rank_;
+    op->enqueued = now;
+    incoming_.push_back(std::move(op));
+  }
+  ops->clear();
+  const bool wake = engine_asleep_ && incoming_.size() >= wake_at_;
+  if (wake) engine_asleep_ = false;
+  lock.unlock();
+  if (wake) cv_.notify_one();
+  return Status::OK();
+}
+
+std::unique_ptr<PendingOp> SubmissionQueue::TakeSpare() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spares_.empty()) return nullptr;
+  std::unique_ptr<PendingOp> op = std::move(spares_.back());
+  spares_.pop_back();
+  return op;
+}
+
+void SubmissionQueue::TakeSpares(size_t n, std::vector<std::unique_ptr<PendingOp>>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (n-- > 0 && !spares_.empty()) {
+    out->push_back(std::move(spares_.back()));
+    spares_.pop_back();
+  }
 }
 
 void SubmissionQueue::RequestShutdown() {
@@ -93,16 +152,37 @@ SubmissionQueue::Taken SubmissionQueue::Take(bool may_wait, double wait_ms, size
 
 void SubmissionQueue::Release(const std::vector<PendingOp*>& finished) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (PendingOp* op : finished) in_flight_.erase(op->request.name);
+  for (PendingOp* op : finished) {
+    auto it = in_flight_.find(op->request.name);
+    if (it == in_flight_.end() || !it->second) continue;
+    it->second = false;
+    --in_flight_count_;
+  }
+  // Names used once (made up per call) would otherwise pile up.
+  if (in_flight_.size() > 2 * in_flight_count_ + 4096) {
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      it = it->second ? std::next(it) : in_flight_.erase(it);
+    }
+  }
+}
+
+void SubmissionQueue::Recycle(std::vector<std::unique_ptr<PendingOp>>* finished) {
+  for (auto& op : *finished) op->Empty();  // outside the lock: runs destructors
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& op : *finished) {
+    if (spares_.size() >= kMaxSpares) break;
+    spares_.push_back(std::move(op));
+  }
 }
 
 std::string SubmissionQueue::DescribeInFlight() {
   constexpr size_t kNamesShown = 3;
   std::lock_guard<std::mutex> lock(mu_);
-  if (in_flight_.empty()) return "";
-  std::string text = std::to_string(in_flight_.size()) + " collective(s) (";
+  if (in_flight_count_ == 0) return "";
+  std::string text = std::to_string(in_flight_count_) + " collective(s) (";
   size_t shown = 0;
-  for (const std::string& name : in_flight_) {
+  for (const auto& [name, flying] : in_flight_) {
+    if (!flying) continue;
     if (shown == kNamesShown) {
       text += ", ...";
       break;
@@ -116,6 +196,7 @@ std::vector<std::unique_ptr<PendingOp>> SubmissionQueue::Close() {
   std::lock_guard<std::mutex> lock(mu_);
   state_ = State::kStopped;
   in_flight_.clear();
+  in_flight_count_ = 0;
   std::vector<std::unique_ptr<PendingOp>> leftovers;
   leftovers.swap(incoming_);
   return leftovers;

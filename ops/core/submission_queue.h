@@ -8,7 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "core/pending_op.h"
@@ -35,6 +35,14 @@ class SubmissionQueue {
   // Framework threads. Fails (without taking the op) before Open, after a
   // shutdown, or while an op of the same name is in flight.
   Status Submit(std::unique_ptr<PendingOp>&& op);
+  // Framework threads: queues every op of `ops` in order, or none of them
+  // (the error names the first op refused, as Submit would).
+  Status SubmitAll(std::vector<std::unique_ptr<PendingOp>>* ops);
+  // Framework threads: moves up to `n` emptied ops into `out`, to be filled
+  // instead of allocated (Note [recycled ops] in pending_op.h).
+  void TakeSpares(size_t n, std::vector<std::unique_ptr<PendingOp>>* out);
+  // One emptied op, or null when none is kept.
+  std::unique_ptr<PendingOp> TakeSpare();
   void RequestShutdown();
   void RequestTimeline(const std::string& path, bool mark_cycles);
 
@@ -44,6 +52,9 @@ class SubmissionQueue {
   Taken Take(bool may_wait, double wait_ms, size_t wake_at = 1);
   // The names of these finished ops may be submitted again.
   void Release(const std::vector<PendingOp*>& finished);
+  // Engine thread: keeps finished ops, after their callbacks ran, for
+  // TakeSpares; empties them first.
+  void Recycle(std::vector<std::unique_ptr<PendingOp>>* finished);
   // Any thread: how many collectives are in flight and a few of their names,
   // e.g. "2 collective(s) ('a', 'b')"; "" when none.
   std::string DescribeInFlight();
@@ -52,6 +63,11 @@ class SubmissionQueue {
 
  private:
   enum class State { kNeverStarted, kRunning, kStopped };
+  static constexpr size_t kMaxSpares = 4096;
+
+  // With mu_ held: why `name` cannot be submitted now, or OK.
+  Status CheckSubmittable(const std::string& name);
+  void MarkInFlight(const std::string& name);
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -63,7 +79,12 @@ class SubmissionQueue {
   bool engine_asleep_ = false;
   size_t wake_at_ = 1;  // while asleep: the queue length that wakes it
   std::vector<std::unique_ptr<PendingOp>> incoming_;
-  std::unordered_set<std::string> in_flight_;
+  // Names seen in flight, and whether they still are. A finished name is
+  // marked, not erased, so that the names a training loop submits every
+  // step cost no allocation; marked entries are swept once they dominate.
+  std::unordered_map<std::string, bool> in_flight_;
+  size_t in_flight_count_ = 0;
+  std::vector<std::unique_ptr<PendingOp>> spares_;
   bool timeline_requested_ = false;
   std::string timeline_path_;
   bool timeline_mark_cycles_ = false;

@@ -82,4 +82,22 @@ TEST(BurstSeveralBurstsAtOnce) {
   CHECK(!memory.Incomplete());
 }
 
+TEST(BurstRememberingTheSameBurstAgainChangesNothing) {
+  // The usual step remembers what it remembered last time (a shortcut in
+  // Remember): the burst stays whole, and a part of it still waits.
+  hvdkeras::BurstMemory memory;
+  memory.Remember({"a", "b", "c"});
+  memory.Remember({"a", "b", "c"});
+  memory.Remember({"c", "a", "b"});
+  CountAll(memory, {"a", "b"});
+  CHECK(memory.Incomplete());
+  CHECK_EQ(memory.missing(), size_t{1});
+  // A subset is not the same burst: it splits off, and c then runs alone.
+  memory.Remember({"a", "b"});
+  CountAll(memory, {"a", "b"});
+  CHECK(!memory.Incomplete());
+  CountAll(memory, {"c"});
+  CHECK(!memory.Incomplete());
+}
+
 }  // namespace

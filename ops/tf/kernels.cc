@@ -37,6 +37,7 @@ absl::Status DescribeInput(tf::OpKernelContext* ctx, int i, TensorRef* ref) {
                                       tf::DataTypeString(input.dtype()));
   }
   ref->input = input.tensor_data().data();
+  ref->shape.reserve(input.dims());
   for (int d = 0; d < input.dims(); ++d) ref->shape.push_back(input.dim_size(d));
   return PlaceOnDevice(ctx, i, ref);
 }
@@ -154,6 +155,7 @@ class CollectiveKernel : public tf::AsyncOpKernel {
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     std::vector<TensorRef> refs;
+    refs.reserve(num_data_inputs(ctx));
     for (int i = 0; i < num_data_inputs(ctx); ++i) {
       OP_REQUIRES_OK_ASYNC(ctx, Prepare(ctx, i, &refs), done);
     }
@@ -222,38 +224,34 @@ class AllreduceKernel : public CollectiveKernel {
   // [separate allreduces in one kernel]); `finish` runs once, after the last,
   // with the first error any of them had.
   Status SubmitSeparately(std::vector<TensorRef> refs, hvdkeras::DoneCallback finish) {
+    // Owned by the ops' callbacks together: the last one deletes it. The
+    // callback captures a bare pointer, which std::function keeps inline,
+    // so no op allocates a callback (Note [recycled ops] in core/pending_op.h).
     struct Countdown {
       std::mutex mu;
       size_t left;
       Status first_error = Status::OK();
       hvdkeras::DoneCallback finish;
     };
-    auto countdown = std::make_shared<Countdown>();
+    auto* countdown = new Countdown();
     countdown->left = refs.size();
     countdown->finish = std::move(finish);
-    auto one_done = [countdown](const Status& status) {
-      hvdkeras::DoneCallback finish;
+    const hvdkeras::DoneCallback one_done = [countdown](const Status& status) {
       Status result = Status::OK();
       {
         std::lock_guard<std::mutex> lock(countdown->mu);
         if (!status.ok() && countdown->first_error.ok()) countdown->first_error = status;
         if (--countdown->left > 0) return;
-        finish = std::move(countdown->finish);
         result = countdown->first_error;
       }
-      finish(result);
+      hvdkeras::DoneCallback last = std::move(countdown->finish);
+      delete countdown;
+      last(result);
     };
-    for (size_t i = 0; i < refs.size(); ++i) {
-      std::vector<TensorRef> one;
-      one.push_back(std::move(refs[i]));
-      const Status queued = EnqueueAllreduce(separate_names_[i], std::move(one), reduce_op_,
-                                             prescale_, postscale_, process_set_, one_done);
-      if (queued.ok()) continue;
-      if (i == 0) return queued;  // nothing queued: the caller finishes the kernel
-      for (size_t rest = i; rest < refs.size(); ++rest) one_done(queued);
-      break;
-    }
-    return Status::OK();
+    const Status queued = EnqueueAllreduceEach(separate_names_, std::move(refs), reduce_op_,
+                                               prescale_, postscale_, process_set_, one_done);
+    if (!queued.ok()) delete countdown;  // none queued: the caller finishes the kernel
+    return queued;
   }
 
   ReduceOp reduce_op_ = ReduceOp::kSum;
