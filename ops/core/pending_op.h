@@ -37,10 +37,18 @@ struct PendingOp {
   std::chrono::steady_clock::time_point enqueued;
   std::vector<std::vector<char>> scratch;  // buffers owned by a stand-in
 
-  // Drops what the op holds for its framework (callback, agreed response,
+  // Drops what the op holds for its framework (callbacks, agreed response,
   // scratch) but keeps its vectors' storage: see Note [recycled ops]. The
   // one who fills it again sets every field of `request` and `tensors`.
   void Empty() {
+    for (TensorRef& t : tensors) {  // their captures may own framework state
+      t.allocate_output = nullptr;
+      t.adopt_output = nullptr;
+      t.reuse_input = nullptr;
+      t.receive_splits = nullptr;
+      t.input = nullptr;
+      t.output = nullptr;
+    }
     done = nullptr;
     response.reset();
     join_result = nullptr;

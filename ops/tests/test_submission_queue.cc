@@ -175,6 +175,9 @@ TEST(QueueRecycledOpsComeBackEmptied) {
   op->finished = true;
   op->request.splits = {1, 2};
   op->request.shapes = {{4, 5}};
+  auto held = std::make_shared<int>(1);  // stands for framework state a capture owns
+  op->tensors.resize(1);
+  op->tensors[0].reuse_input = [held](void**) { return false; };
   hvdkeras::PendingOp* address = op.get();
   std::vector<std::unique_ptr<hvdkeras::PendingOp>> finished;
   finished.push_back(std::move(op));
@@ -187,6 +190,8 @@ TEST(QueueRecycledOpsComeBackEmptied) {
   CHECK(!spare->sent);
   CHECK(!spare->finished);
   CHECK(spare->request.splits.empty());
+  CHECK(!spare->tensors[0].reuse_input);
+  CHECK_EQ(held.use_count(), 1L);  // the recycled op let go of it
   // Shapes keep their storage for the next fill, which overwrites them.
   CHECK(spare->request.shapes[0].capacity() >= size_t{2});
   CHECK(queue.TakeSpare() == nullptr);
