@@ -77,14 +77,16 @@ Status PrepareDevice(PendingOp* op) {
   return Status::OK();
 }
 
+Status NotAMember(OpType type, const std::string& name, int process_set) {
+  return Status::Error(StatusCode::kPreconditionError,
+                       std::string(OpTypeName(type)) + " '" + name + "' names process set " +
+                           std::to_string(process_set) +
+                           ", which this rank is not a member of (or which was removed)");
+}
+
 Status Queue(std::unique_ptr<PendingOp> op, int process_set) {
   Engine* engine = Engine::ForSet(process_set);
-  if (engine == nullptr) {
-    return Status::Error(StatusCode::kPreconditionError,
-                         std::string(OpTypeName(op->request.op_type)) + " '" + op->request.name +
-                             "' names process set " + std::to_string(process_set) +
-                             ", which this rank is not a member of (or which was removed)");
-  }
+  if (engine == nullptr) return NotAMember(op->request.op_type, op->request.name, process_set);
   Status s = PrepareDevice(op.get());
   if (s.ok()) s = engine->Enqueue(std::move(op));
   if (!s.ok()) DiscardReadyEvents(op.get());  // a refused op stays ours
@@ -155,12 +157,7 @@ Status EnqueueAllreduceEach(const std::vector<std::string>& names,
     if (!s.ok()) return s;
   }
   Engine* engine = Engine::ForSet(process_set);
-  if (engine == nullptr) {
-    return Status::Error(StatusCode::kPreconditionError,
-                         "allreduce '" + names[0] + "' names process set " +
-                             std::to_string(process_set) +
-                             ", which this rank is not a member of (or which was removed)");
-  }
+  if (engine == nullptr) return NotAMember(OpType::kAllreduce, names[0], process_set);
   std::vector<std::unique_ptr<PendingOp>> ops;
   ops.reserve(tensors.size());
   engine->TakeSpareOps(tensors.size(), &ops);

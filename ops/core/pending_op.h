@@ -3,8 +3,8 @@
 #pragma once
 
 #include <chrono>
-#include <iterator>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -22,9 +22,9 @@ namespace hvdkeras {
 // which defeats the allocator's per-thread caches (about a tenth of the CPU of
 // 100 separate 40-byte allreduces went to malloc's slow paths). So finished
 // ops go back to the submission queue emptied, vectors keeping their storage,
-// and a batch submission (EnqueueAllreduceEach) fills them again; the tables
-// that track names mark finished entries instead of erasing them, and sweep
-// them out once they dominate.
+// and the next submissions (every Enqueue* in engine_api.cc) fill them again;
+// the tables that track names mark finished entries instead of erasing them,
+// and sweep them out once they dominate.
 struct PendingOp {
   Request request;
   std::vector<TensorRef> tensors;
