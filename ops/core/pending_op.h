@@ -25,6 +25,16 @@ namespace hvdkeras {
 // and the next submissions (every Enqueue* in engine_api.cc) fill them again;
 // the tables that track names mark finished entries instead of erasing them,
 // and sweep them out once they dominate.
+// Forgets the marked entries of a name table (Note [recycled ops]) once
+// they outnumber the live ones, so names made up per call do not pile up.
+template <typename Map, typename IsMarked>
+void SweepMarked(Map* table, size_t live, IsMarked is_marked) {
+  if (table->size() <= 2 * live + 4096) return;
+  for (auto it = table->begin(); it != table->end();) {
+    it = is_marked(it->second) ? table->erase(it) : std::next(it);
+  }
+}
+
 struct PendingOp {
   Request request;
   std::vector<TensorRef> tensors;
@@ -90,11 +100,7 @@ class PendingOps {
       }
     }
     ops_.resize(kept);
-    if (by_name_.size() > 2 * ops_.size() + 4096) {
-      for (auto it = by_name_.begin(); it != by_name_.end();) {
-        it = it->second != nullptr ? std::next(it) : by_name_.erase(it);
-      }
-    }
+    SweepMarked(&by_name_, ops_.size(), [](const PendingOp* op) { return op == nullptr; });
     return finished;
   }
 

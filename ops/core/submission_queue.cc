@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iterator>
 
 namespace hvdkeras {
 
@@ -58,14 +57,23 @@ Status SubmissionQueue::Submit(std::unique_ptr<PendingOp>&& op) {
   const Status ok = CheckSubmittable(op->request.name);
   if (!ok.ok()) return ok;
   MarkInFlight(op->request.name);
+  Append(std::move(op), std::chrono::steady_clock::now());
+  WakeIfDue(&lock);
+  return Status::OK();
+}
+
+void SubmissionQueue::Append(std::unique_ptr<PendingOp>&& op,
+                             std::chrono::steady_clock::time_point now) {
   op->request.rank = rank_;
-  op->enqueued = std::chrono::steady_clock::now();
+  op->enqueued = now;
   incoming_.push_back(std::move(op));
+}
+
+void SubmissionQueue::WakeIfDue(std::unique_lock<std::mutex>* lock) {
   const bool wake = engine_asleep_ && incoming_.size() >= wake_at_;
   if (wake) engine_asleep_ = false;
-  lock.unlock();  // the woken engine thread can take the lock at once
+  lock->unlock();  // the woken engine thread can take the lock at once
   if (wake) cv_.notify_one();
-  return Status::OK();
 }
 
 Status SubmissionQueue::SubmitAll(std::vector<std::unique_ptr<PendingOp>>* ops) {
@@ -83,16 +91,9 @@ Status SubmissionQueue::SubmitAll(std::vector<std::unique_ptr<PendingOp>>* ops) 
     MarkInFlight(name);  // also catches a name given twice in `ops`
   }
   const auto now = std::chrono::steady_clock::now();
-  for (auto& op : *ops) {
-    op->request.rank = rank_;
-    op->enqueued = now;
-    incoming_.push_back(std::move(op));
-  }
+  for (auto& op : *ops) Append(std::move(op), now);
   ops->clear();
-  const bool wake = engine_asleep_ && incoming_.size() >= wake_at_;
-  if (wake) engine_asleep_ = false;
-  lock.unlock();
-  if (wake) cv_.notify_one();
+  WakeIfDue(&lock);
   return Status::OK();
 }
 
@@ -158,12 +159,7 @@ void SubmissionQueue::Release(const std::vector<PendingOp*>& finished) {
     it->second = false;
     --in_flight_count_;
   }
-  // Names used once (made up per call) would otherwise pile up.
-  if (in_flight_.size() > 2 * in_flight_count_ + 4096) {
-    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-      it = it->second ? std::next(it) : in_flight_.erase(it);
-    }
-  }
+  SweepMarked(&in_flight_, in_flight_count_, [](bool flying) { return !flying; });
 }
 
 void SubmissionQueue::Recycle(std::vector<std::unique_ptr<PendingOp>>* finished) {

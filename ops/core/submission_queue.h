@@ -4,6 +4,7 @@
 // guards all of it.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,10 @@ class SubmissionQueue {
   // With mu_ held: why `name` cannot be submitted now, or OK.
   Status CheckSubmittable(const std::string& name);
   void MarkInFlight(const std::string& name);
+  // With mu_ held: stamps the op and queues it.
+  void Append(std::unique_ptr<PendingOp>&& op, std::chrono::steady_clock::time_point now);
+  // Releases `lock`, then wakes the sleeping engine if the queue reached its count.
+  void WakeIfDue(std::unique_lock<std::mutex>* lock);
 
   std::mutex mu_;
   std::condition_variable cv_;
