@@ -15,8 +15,10 @@ the passes are summed locally and the reduction moves to the update step,
 in `_clip_gradients`, which Keras calls with the accumulated gradients just
 before clipping. Under JAX every pass traces that call, so the reduction
 sits in a `lax.cond` on the update step: the other passes move no bytes.
-With sharded state (torch only) hvdkeras sums the passes itself
-(`pass_accumulation`) and hands each window to the sharded step once.
+With sharded state hvdkeras sums the passes itself and hands each window to
+the sharded step once: in plain tensors under torch (`pass_accumulation`),
+in scratch optimizer variables and a `lax.cond` under JAX
+(`jax/pass_window`).
 
 What may import this module: `hvdkeras.training.optimizer` (which dispatches
 to it under these backends).
@@ -48,6 +50,8 @@ class _TorchDistributedMixin(AroundShardsMixin):
 
     def build(self, variables):
         super().build(variables)
+        if self._hvdkeras_accumulator is not None:  # sharded: the holder is built now
+            self._hvdkeras_accumulator.build(shard_holder(self))
         self._hvdkeras_hook_backward(list(variables))
 
     def _hvdkeras_hook_backward(self, variables: List[Any]) -> None:
@@ -123,11 +127,12 @@ class _TorchDistributedMixin(AroundShardsMixin):
         Keras's accumulation)."""
         variables = list(trainable_variables) if trainable_variables is not None else \
             self._hvdkeras_variables()
-        if not self._hvdkeras_accumulator.add(grads, variables):
-            return None
-        summed = self._hvdkeras_accumulator.take(variables)
-        with sharded_optimizer.step_scope(self):
-            return self._hvdkeras_apply(summed, trainable_variables)
+
+        def apply_total(summed: List[Any]) -> Any:
+            with sharded_optimizer.step_scope(self):
+                return self._hvdkeras_apply(summed, trainable_variables)
+
+        return self._hvdkeras_accumulator.window(grads, variables, apply_total)
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         # The variables of the gradients `_clip_gradients` will see (set past
@@ -181,6 +186,16 @@ def _overlap_wanted() -> bool:
         w = world.require()
         return w.local_size < w.size
     return mode == "on"
+
+
+def _pass_window(passes: int, average: bool) -> Any:
+    """Where sharded state sums its passes: plain tensors under torch's eager
+    step; optimizer variables under JAX's jitted one."""
+    if frameworks.keras_backend() != "jax":
+        return PassAccumulator(passes, average)
+    # Lazy: imports jax, present only under that backend.
+    return importlib.import_module("hvdkeras.backends.jax.pass_window").TracedPassWindow(
+        passes, average)
 
 
 def _backward_overlap() -> Any:
@@ -256,7 +271,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
             each owner only its own reduced gradients (a reduce-scatter). As
             under TensorFlow (`docs/memory-scaling.md`). With
             `backward_passes_per_step` > 1 each rank sums its passes in
-            full-size buffers of its own (torch; not under JAX yet).
+            full-size buffers of its own and reduces once per window.
 
     Returns:
         The distributed optimizer (the same object, converted in place).
@@ -268,8 +283,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     model.compile(optimizer=opt, loss="mse")
     ```
     """
-    if zero_stage:
-        sharded_optimizer.check_shardable(backward_passes_per_step)
     _check_passes(optimizer, backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "
@@ -280,7 +293,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     accumulator = None
     if backward_passes_per_step > 1 and zero_stage:
         # Sharded state sums the passes here, not in Keras's accumulators.
-        accumulator = PassAccumulator(backward_passes_per_step, average_aggregated_gradients)
+        accumulator = _pass_window(backward_passes_per_step, average_aggregated_gradients)
     elif backward_passes_per_step > 1:
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     name = name or f"{optimizer.name}_gradients"

@@ -10,15 +10,15 @@ full-size sum of its own passes here, outside the optimizer's variables
 (as TensorFlow's `hvdkeras.training.local_accumulation` does: a saved file
 holds the plain optimizer's state, and a window cut short by a restart is
 not saved). Under torch the step runs eagerly, so the sums are plain
-tensors and the window a Python count; JAX's jitted step would need them
-as optimizer state, which it does not support yet.
+tensors and the window a Python count (JAX's jitted step keeps them as
+optimizer variables instead: `jax/pass_window`).
 
 What may import this module: `hvdkeras.backends.optimizer`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import keras
 
@@ -60,6 +60,17 @@ class PassAccumulator:
             self._sums[key] = keras.ops.copy(gradient) if total is None else total + gradient
         self.count += 1
         return self.count % self.passes == 0
+
+    def build(self, holder: Any) -> None:
+        """Nothing to add to the optimizer: the sums live here."""
+
+    def window(self, grads: Sequence[Any], variables: Sequence[Any],
+               apply_total: Callable[[List[Optional[Any]]], Any]) -> Any:
+        """Adds one pass; on a window's last pass returns `apply_total` of
+        the window's gradients (in the order of `variables`), else None."""
+        if not self.add(grads, variables):
+            return None
+        return apply_total(self.take(variables))
 
     def take(self, variables: Sequence[Any]) -> List[Optional[Any]]:
         """The window's gradients in the order of `variables` (None for a

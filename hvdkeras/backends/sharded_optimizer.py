@@ -12,10 +12,10 @@ optimizer was built with, the stand-ins; here its mapping is built on the
 model's own variables, so the weights other ranks own come back into the
 step's result.
 
-`backward_passes_per_step` > 1 works under torch, where every rank sums
-its passes in full-size buffers of its own (`pass_accumulation`) and the
-window's total goes through the sharded step once; not under JAX yet
-(refused by name when the optimizer is wrapped). Keras's own
+`backward_passes_per_step` > 1: every rank sums its passes in full-size
+buffers of its own (`pass_accumulation` under torch, `jax/pass_window`
+under JAX) and the window's total goes through the sharded step once.
+Keras's own
 `gradient_accumulation_steps` and `use_ema` work under both: their slots
 follow the variables like every other slot.
 
@@ -79,19 +79,6 @@ class BackendShardedMixin(ShardedOptimizerMixin):
     def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
         return dispatch.backend_function("grouped_allreduce")(
             [value], name=name, op=Sum, process_set=self._hvdkeras_shards.process_set)[0]
-
-
-def check_shardable(passes: int) -> None:
-    """Raises ValueError for what a backend cannot shard yet: under JAX the
-    passes' full-size sums would have to be optimizer state of the jitted
-    step (`pass_accumulation` keeps them outside it, which torch's eager
-    step allows)."""
-    if passes > 1 and keras.backend.backend() == "jax":
-        raise ValueError(
-            f"zero_stage=1 or 2 with backward_passes_per_step={passes} is not supported under "
-            f"the jax backend yet. Give the optimizer Keras's own "
-            f"gradient_accumulation_steps={passes} instead (each pass is then reduced), use "
-            "zero_stage=0, or train with KERAS_BACKEND=torch or tensorflow.")
 
 
 def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:

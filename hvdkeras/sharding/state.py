@@ -18,6 +18,16 @@ in lists indexed like the variables); variables in no such list (the
 iteration count, the learning rate, Nadam's product) are shared and equal
 on every rank.
 
+Note [scratch variables are not state]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Under JAX a jitted step can only carry state that the optimizer's variables
+hold, so what hvdkeras keeps between steps there (each rank's sums of the
+passes of an accumulation window) is added to the optimizer as variables of
+its own, last, and marked `SCRATCH` in the layout. They are the same shape on
+every rank, but they are not the plain optimizer's state: saving and loading
+skip them (a file stays a normal one), and gathering and scattering leave
+them alone.
+
 What may import this module: `hvdkeras.sharding` and `hvdkeras.backends`.
 """
 
@@ -34,6 +44,10 @@ from hvdkeras.sharding.plan import REPLICATED, plan_owners
 
 SHARED = -2
 """The layout entry of an optimizer variable that belongs to no one variable."""
+
+SCRATCH = -3
+"""The layout entry of a variable hvdkeras added to the optimizer for its own
+bookkeeping (Note [scratch variables are not state])."""
 
 
 def variable_bytes(variable: Any) -> int:
@@ -160,7 +174,35 @@ class ShardState:
     def is_everywhere(self, index: int) -> bool:
         """Whether optimizer variable `index` has the same shape on every rank."""
         p = self.layout[index]
-        return p == SHARED or self.owners[p] == REPLICATED
+        return p in (SHARED, SCRATCH) or self.owners[p] == REPLICATED
+
+    def is_scratch(self, index: int) -> bool:
+        """Whether optimizer variable `index` is hvdkeras's bookkeeping, not
+        the plain optimizer's state (Note [scratch variables are not state])."""
+        return self.layout[index] == SCRATCH
+
+    def add_scratch(self, optimizer: Any, shapes: Sequence[Any], dtypes: Sequence[Any],
+                    name: str) -> List[Any]:
+        """Adds one zero-initialised optimizer variable per shape, marked as
+        scratch (Note [scratch variables are not state]).
+
+        Args:
+            optimizer: The built optimizer this state belongs to.
+            shapes: The variables' shapes.
+            dtypes: Their dtypes.
+            name: Their name prefix.
+
+        Returns:
+            The new variables, in order (last in `optimizer.variables`).
+        """
+        added = [optimizer.add_variable(tuple(shape), initializer="zeros", dtype=dtype,
+                                        name=f"{name}_{k}")
+                 for k, (shape, dtype) in enumerate(zip(shapes, dtypes))]
+        if [id(v) for v in optimizer.variables[-len(added):]] != [id(v) for v in added]:
+            raise RuntimeError(f"{type(optimizer).__name__}.add_variable did not append to "
+                               "its variables; hvdkeras cannot keep its scratch apart.")
+        self.layout = self.layout + [SCRATCH] * len(added)
+        return added
 
     def check_layout(self, optimizer: Any) -> None:
         """Raises ValueError when a shared variable is not a scalar: a slot
