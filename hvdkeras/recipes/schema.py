@@ -232,11 +232,6 @@ BACKENDS = ("tensorflow", "jax", "torch")
 
 def _check_recipe(value: dict, path: Path, ctx: Context) -> None:
     training = value["training"]
-    if (value["backend"] not in (None, "tensorflow") and training["zero_stage"]
-            and value["optimizer"]["backward_passes_per_step"] > 1):
-        ctx.error(("training", "zero_stage"), "sharded optimizer state does not accumulate "
-                  f"gradients under backend {value['backend']!r} yet; set zero_stage to 0 or "
-                  "optimizer.backward_passes_per_step to 1")
     if given(ctx.doc.data, ("training", "epochs")) and training["steps"] is not None:
         epochs_set = _from_override(ctx.doc, ("training", "epochs"))
         steps_set = _from_override(ctx.doc, ("training", "steps"))

@@ -100,26 +100,31 @@ def _fit_with_checkpoints(model, directory, epochs, initial_epoch=0):
                          hvd.callbacks.CheckpointCallback(directory)])
 
 
-def _compiled(stage):
+def _compiled(stage, passes=1):
     model = make_model(seed=3 + 100 * hvd.rank())
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01),
-                                                     zero_stage=stage), loss="mse")
+                                                     zero_stage=stage,
+                                                     backward_passes_per_step=passes),
+                  loss="mse")
     return model
 
 
+@pytest.mark.parametrize("passes", [1, 2], ids=["every_pass", "two_passes"])
 @pytest.mark.parametrize("stage", STAGES)
-def test_checkpoint_resume_continues_exactly(stage, tmp_path):
+def test_checkpoint_resume_continues_exactly(stage, passes, tmp_path):
+    """With two passes per update, an epoch's 4 batches are 2 whole windows,
+    so a run resumed at an epoch boundary continues exactly."""
     if GLOBAL_BATCH % hvd.size():
         pytest.skip(f"{GLOBAL_BATCH} does not split over {hvd.size()} ranks")
     directory = str(tmp_path / f"ckpt{stage}")
-    uninterrupted = _compiled(stage)
+    uninterrupted = _compiled(stage, passes)
     _fit_with_checkpoints(uninterrupted, str(tmp_path / f"u{stage}"), epochs=3)
 
-    first = _compiled(stage)
+    first = _compiled(stage, passes)
     _fit_with_checkpoints(first, directory, epochs=2)
     saved = full_state(first, tmp_path, f"first{stage}")
 
-    resumed = _compiled(stage)
+    resumed = _compiled(stage, passes)
     assert hvd.restore_from_checkpoint(resumed, directory, verbose=0) == 2
     restored = full_state(resumed, tmp_path, f"resumed{stage}")
     for got, want in zip(restored[1], saved[1]):
