@@ -141,10 +141,12 @@ def test_rank_zero_alone_cannot_save_sharded_state(tmp_path):
         model.save(os.path.join(str(tmp_path), "alone.keras"))
 
 
+@pytest.mark.parametrize("passes", [1, 2], ids=["every_pass", "two_passes"])
 @pytest.mark.parametrize("stage", STAGES)
-def test_a_rank_that_owns_nothing_keeps_in_step(stage):
+def test_a_rank_that_owns_nothing_keeps_in_step(stage, passes):
     """One trainable variable: the other ranks own none, yet take part in the
-    global norm and the weight exchange, and count the same iterations."""
+    global norm and the weight exchange, and count the same iterations (with
+    two passes per update too, against Keras's accumulation of the mean)."""
     def one_variable_fit(optimizer, n, r, distributed_fit):
         x, y = data()
         keras.utils.set_random_seed(11 + (1000 * r if distributed_fit else 0))
@@ -156,12 +158,17 @@ def test_a_rank_that_owns_nothing_keeps_in_step(stage):
                   verbose=0, callbacks=callbacks)
         return model
 
-    make = lambda: keras.optimizers.Nadam(0.01, global_clipnorm=0.1)  # noqa: E731
+    def make(**more):
+        return keras.optimizers.Nadam(0.01, global_clipnorm=0.1, **more)
+
     if GLOBAL_BATCH % hvd.size():
         pytest.skip(f"{GLOBAL_BATCH} does not split over {hvd.size()} ranks")
-    got = one_variable_fit(hvd.DistributedOptimizer(make(), zero_stage=stage), hvd.size(),
-                           hvd.rank(), True)
-    want = one_variable_fit(make(), 1, 0, False)
+    accumulating = {"gradient_accumulation_steps": passes} if passes > 1 else {}
+    got = one_variable_fit(hvd.DistributedOptimizer(make(), zero_stage=stage,
+                                                    backward_passes_per_step=passes,
+                                                    average_aggregated_gradients=True),
+                           hvd.size(), hvd.rank(), True)
+    want = one_variable_fit(make(**accumulating), 1, 0, False)
     assert_close(weights(got), weights(want), "one variable")
     assert int(keras.ops.convert_to_numpy(got.optimizer.iterations)) == \
         int(keras.ops.convert_to_numpy(want.optimizer.iterations))
