@@ -125,10 +125,9 @@ def _where(holder: Any) -> Dict[int, int]:
     return {id(v): i for i, v in enumerate(holder.variables)}
 
 
-def _saved(holder: Any, variables: List[Any]) -> List[Any]:
+def _saved(holder: Any, variables: List[Any], where: Dict[int, int]) -> List[Any]:
     """`variables` less the holder's scratch (Note [scratch variables are not
-    state] in `state`)."""
-    where = _where(holder)
+    state] in `state`); `where` is `_where(holder)`."""
     state = holder._hvdkeras_shards
     return [v for v in variables
             if where.get(id(v)) is None or not state.is_scratch(where[id(v)])]
@@ -140,7 +139,7 @@ def save_sharded(holder: Any, variables: List[Any], store: Any) -> None:
     values gathered for this save."""
     state = holder._hvdkeras_shards
     where = _where(holder)
-    for k, variable in enumerate(_saved(holder, variables)):
+    for k, variable in enumerate(_saved(holder, variables, where)):
         i = where.get(id(variable))
         if i is None or state.is_everywhere(i) or state.is_own_slot(i):
             store[str(k)] = variable.numpy()
@@ -160,11 +159,11 @@ def load_sharded(holder: Any, variables: List[Any], store: Any) -> bool:
     """Reads an unsharded layout into `variables`, keeping this rank's slots
     (and, on a rank collecting for `scatter_from_root`, the others' values).
     Returns False, loading nothing, when the counts differ (Keras then warns)."""
-    variables = _saved(holder, variables)
+    where = _where(holder)
+    variables = _saved(holder, variables, where)
     if len(store.keys()) != len(variables):
         return False
     state = holder._hvdkeras_shards
-    where = _where(holder)
     for k, variable in enumerate(variables):
         value = store[str(k)]
         i = where.get(id(variable))

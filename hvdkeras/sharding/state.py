@@ -26,7 +26,8 @@ passes of an accumulation window) is added to the optimizer as variables of
 its own, last, and marked `SCRATCH` in the layout. They are the same shape on
 every rank, but they are not the plain optimizer's state: saving and loading
 skip them (a file stays a normal one), and gathering and scattering leave
-them alone.
+them alone. Broadcasts of the optimizer's variables include them, so every
+rank starts from the same count.
 
 What may import this module: `hvdkeras.sharding` and `hvdkeras.backends`.
 """

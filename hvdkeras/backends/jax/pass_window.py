@@ -27,9 +27,8 @@ class TracedPassWindow:
     the sharded update on the window's total once.
 
     Args:
-        passes: Backward passes per optimizer update (>= 2).
-        average: Hand out the mean of the passes instead of their sum
-            (Horovod's `average_aggregated_gradients`).
+        passes: How many traced steps make one window (>= 2).
+        average: Apply the window's mean rather than its total.
 
     Example:
 
@@ -67,6 +66,8 @@ class TracedPassWindow:
 
         Runs inside the step's `keras.StatelessScope` (the sharded
         optimizer's `stateless_apply`), whose values it reads and assigns.
+        A variable without a gradient adds zeros (Keras's JAX trainer gives
+        every trainable variable one).
         """
         holder = self._holder
         if holder is None:
