@@ -19,14 +19,15 @@ Keras's own
 `gradient_accumulation_steps` and `use_ema` work under both: their slots
 follow the variables like every other slot.
 
-What may import this module: `hvdkeras.backends.optimizer`.
+What may import this module: `hvdkeras.backends.optimizer` and
+`hvdkeras.backends.jax.pass_window`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any, ContextManager, Dict, List, Sequence, Set
+from typing import Any, Callable, ContextManager, Dict, List, Sequence, Set, Tuple
 
 import keras
 
@@ -53,12 +54,8 @@ class BackendShardedMixin(ShardedOptimizerMixin):
                 f"{type(self).__name__}.stateless_apply got {len(trainable_variables)} "
                 f"trainable and {len(optimizer_variables)} optimizer values; it was built for "
                 f"{len(model_variables)} and has {len(self.variables)}.")
-        mapping = (list(zip(model_variables, trainable_variables))
-                   + list(zip(self.variables, optimizer_variables)))
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            self.apply(grads)
-        return ([scope.get_current_value(v) for v in model_variables],
-                [scope.get_current_value(v) for v in self.variables])
+        return run_stateless(model_variables, trainable_variables, self.variables,
+                             optimizer_variables, lambda: self.apply(grads))
 
     def _hvdkeras_step_without_variables(self) -> None:
         # Keras's torch optimizers cannot update an empty list; the one part
@@ -79,6 +76,28 @@ class BackendShardedMixin(ShardedOptimizerMixin):
     def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
         return dispatch.backend_function("grouped_allreduce")(
             [value], name=name, op=Sum, process_set=self._hvdkeras_shards.process_set)[0]
+
+
+def run_stateless(model_variables: Sequence[Any], model_values: Sequence[Any],
+                  optimizer_variables: Sequence[Any], optimizer_values: Sequence[Any],
+                  step: Callable[[], Any]) -> Tuple[List[Any], List[Any]]:
+    """Runs `step` with the variables reading the given values; returns the
+    values they hold after it (model's, optimizer's), with nothing assigned
+    to the variables themselves. Under JAX the values may be traced.
+
+    Example:
+
+    ```python
+    new_model, new_optimizer = run_stateless(model_vars, model_values, opt.variables,
+                                             opt_values, lambda: opt.apply(grads))
+    ```
+    """
+    mapping = (list(zip(model_variables, model_values))
+               + list(zip(optimizer_variables, optimizer_values)))
+    with keras.StatelessScope(state_mapping=mapping) as scope:
+        step()
+    return ([scope.get_current_value(v) for v in model_variables],
+            [scope.get_current_value(v) for v in optimizer_variables])
 
 
 def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:

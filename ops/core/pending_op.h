@@ -25,6 +25,7 @@ namespace hvdkeras {
 // and the next submissions (every Enqueue* in engine_api.cc) fill them again;
 // the tables that track names mark finished entries instead of erasing them,
 // and sweep them out once they dominate.
+
 // Forgets the marked entries of a name table (Note [recycled ops]) once
 // they outnumber the live ones, so names made up per call do not pile up.
 template <typename Map, typename IsMarked>

@@ -19,7 +19,8 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import keras
+
+from hvdkeras.backends.sharded_optimizer import run_stateless
 
 
 class TracedPassWindow:
@@ -84,14 +85,11 @@ class TracedPassWindow:
         optimizer_variables = list(holder.variables)
 
         def update(model_values, optimizer_values, window_totals):
-            mapping = (list(zip(model_variables, model_values))
-                       + list(zip(optimizer_variables, optimizer_values)))
-            with keras.StatelessScope(state_mapping=mapping) as scope:
-                if self.average:
-                    window_totals = [t / self.passes for t in window_totals]
-                apply_total([window_totals[state.position(v)] for v in variables])
-            return ([scope.get_current_value(v) for v in model_variables],
-                    [scope.get_current_value(v) for v in optimizer_variables])
+            if self.average:
+                window_totals = [t / self.passes for t in window_totals]
+            return run_stateless(
+                model_variables, model_values, optimizer_variables, optimizer_values,
+                lambda: apply_total([window_totals[state.position(v)] for v in variables]))
 
         def keep(model_values, optimizer_values, window_totals):
             return list(model_values), list(optimizer_values)
