@@ -37,6 +37,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "range_allocator": ("range_allocator",),
     "reduce_kernels": ("reduce_kernels",),
     "response_cache": ("response_cache", "message", "common"),
+    "ring_plan": ("ring_plan",),
     "scaling": ("scaling", "common"),
     "submission_queue": ("submission_queue", "message", "common"),
 }

@@ -30,6 +30,8 @@ ALLREDUCE_CHUNK_BYTES = "HVDKERAS_ALLREDUCE_CHUNK_BYTES"
 SHM_ALLREDUCE = "HVDKERAS_SHM_ALLREDUCE"
 SHM_ARENA_BYTES = "HVDKERAS_SHM_ARENA_BYTES"
 HIERARCHICAL_ALLREDUCE = "HVDKERAS_HIERARCHICAL_ALLREDUCE"
+RING_COLLECTIVES = "HVDKERAS_RING_COLLECTIVES"
+RING_MIN_BYTES = "HVDKERAS_RING_MIN_BYTES"
 # "0" turns off the TensorFlow graph pass that runs a function's independent
 # one-tensor allreduces in one kernel (Note [separate allreduces in one
 # kernel] in ops/tf/separate_allreduces.cc, which reads the variable itself).
@@ -119,6 +121,15 @@ class EngineConfig:
             allreduce over all ranks; "auto" (default) is "on" when some host
             runs several ranks. Needs `shm_allreduce`. See Note
             [hierarchical allreduce] in ops/core/allreduce_path.h.
+        ring_collectives: "auto" (default) runs allreduces, reduce-scatters
+            and allgathers of `ring_min_bytes` or more whose ranks span
+            several hosts (one rank per host, or the hierarchical path's
+            cross step) as a pipelined ring over MPI point-to-point
+            messages, which moves the least data over each host's link at
+            any host count; "on" takes the ring for every size, even on one
+            host; "off" leaves everything to MPI's own algorithms. See Note
+            [ring across hosts] in ops/core/ring_plan.h.
+        ring_min_bytes: The smallest collective the ring takes under "auto".
         shm_arena_bytes: Shared memory per rank that results of the
             shared-memory allreduce live in, so they are not copied out (less
             when /dev/shm has less room; 0: always copy out). See Note
@@ -139,6 +150,8 @@ class EngineConfig:
     allreduce_chunk_bytes: int = 1024 * 1024
     shm_allreduce: bool = True
     hierarchical_allreduce: str = "auto"
+    ring_collectives: str = "auto"
+    ring_min_bytes: int = 1024 * 1024
     shm_arena_bytes: int = 64 * 1024 * 1024
     fusion_threshold_fixed: bool = False
     cycle_time_fixed: bool = False
@@ -206,14 +219,18 @@ def parse_bool(env: Mapping[str, str], key: str, default: bool = False) -> bool:
     raise ValueError(f"{key}={env[key]!r} is not a boolean; use 1 or 0.")
 
 
-def _parse_hierarchical(env: Mapping[str, str], key: str, shm_allreduce: bool) -> str:
+def _parse_auto_switch(env: Mapping[str, str], key: str) -> str:
     raw = env.get(key, "").strip().lower()
     if raw in ("", "auto"):
         return "auto"
     try:
-        value = "on" if parse_bool(env, key) else "off"
+        return "on" if parse_bool(env, key) else "off"
     except ValueError:
         raise ValueError(f"{key}={env[key]!r}: use auto (the default), 1 (on) or 0 (off).") from None
+
+
+def _parse_hierarchical(env: Mapping[str, str], key: str, shm_allreduce: bool) -> str:
+    value = _parse_auto_switch(env, key)
     if value == "on" and not shm_allreduce:
         raise ValueError(f"{key}={env[key]!r} needs the shared-memory allreduce, but "
                          f"{SHM_ALLREDUCE}=0 turns it off; unset one of them.")
@@ -233,14 +250,7 @@ def collective_gradients(env: Optional[Mapping[str, str]] = None) -> str:
 def torch_backward_overlap(env: Optional[Mapping[str, str]] = None) -> str:
     """`HVDKERAS_TORCH_BACKWARD_OVERLAP`: "auto" (default), "on" or "off"."""
     env = os.environ if env is None else env
-    raw = env.get(TORCH_BACKWARD_OVERLAP, "").strip().lower()
-    if raw in ("", "auto"):
-        return "auto"
-    try:
-        return "on" if parse_bool(env, TORCH_BACKWARD_OVERLAP) else "off"
-    except ValueError:
-        raise ValueError(f"{TORCH_BACKWARD_OVERLAP}={env[TORCH_BACKWARD_OVERLAP]!r}: use auto "
-                         "(the default), 1 (on) or 0 (off).") from None
+    return _parse_auto_switch(env, TORCH_BACKWARD_OVERLAP)
 
 
 def source_of(env: Mapping[str, str], key: str) -> str:
@@ -307,6 +317,9 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
         shm_allreduce=shm_allreduce,
         hierarchical_allreduce=_parse_hierarchical(env, key(HIERARCHICAL_ALLREDUCE),
                                                    shm_allreduce),
+        ring_collectives=_parse_auto_switch(env, RING_COLLECTIVES),
+        ring_min_bytes=_parse_int(env, RING_MIN_BYTES, defaults.ring_min_bytes, 0,
+                                  MAX_FUSION_THRESHOLD),
         shm_arena_bytes=_parse_int(env, SHM_ARENA_BYTES, defaults.shm_arena_bytes, 0,
                                    MAX_SHM_ARENA_BYTES),
         fusion_threshold_fixed=bool(env.get(key(FUSION_THRESHOLD), "").strip()),

@@ -47,10 +47,12 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   const std::vector<int64_t> displs = Offsets(block);
 
   const int64_t total = displs[size - 1] + block[size - 1];
+  const char* exchange =
+      ctx.mpi.RingTakes(total, DataType::kUInt8) ? "RING_ALLGATHER" : "MPI_ALLGATHER";
   if (pieces.size() == 1) {  // gather straight into the output
     const GatherPiece& p = pieces[0];
     char* into = p.output != nullptr ? p.output : ctx.buffer.Get(total);
-    Activity mpi(ctx, batch, "MPI_ALLGATHER");
+    Activity mpi(ctx, batch, exchange);
     Status s = ctx.mpi.Allgatherv(p.tensor->input, block[me], into, block, displs);
     return allocated.ok() ? s : allocated;
   }
@@ -67,7 +69,7 @@ Status RunAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     }
   }
   {
-    Activity mpi(ctx, batch, "MPI_ALLGATHER");
+    Activity mpi(ctx, batch, exchange);
     Status s = ctx.mpi.Allgatherv(send, block[me], buffer, block, displs);
     if (!s.ok()) return s;
   }

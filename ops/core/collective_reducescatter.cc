@@ -80,7 +80,8 @@ Status RunReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) 
     }
   }
   {
-    Activity mpi(ctx, batch, "MPI_REDUCE_SCATTER");
+    const bool ring = ctx.mpi.RingTakes(total * static_cast<int64_t>(element), dtype);
+    Activity mpi(ctx, batch, ring ? "RING_REDUCE_SCATTER" : "MPI_REDUCE_SCATTER");
     Status s = ctx.mpi.ReduceScatter(buffer, recv, recv_counts, dtype, first.reduce_op);
     if (!s.ok()) return s;
   }

@@ -60,19 +60,39 @@ std::string TensorArgs(const Request& r) {
 
 }  // namespace
 
-Status Executor::Open(const MpiContext* mpi, const EngineConfig& config, int lane) {
+Status Executor::Open(MpiContext* mpi, const EngineConfig& config, int lane) {
   mpi_ = mpi;
   gpu_.set_lane(lane);
   path_ = AllreducePath::kMpi;
   batches_run_ = 0;
+  bool known = true;
+  RingWins(config.ring_collectives, 1, 1, 0, 0, &known);
+  if (!known) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "ring_collectives must be auto, on or off, not '" +
+                             config.ring_collectives + "'");
+  }
   Status s = topology_.Open(mpi->comm(), config.shm_allreduce, config.hierarchical_allreduce);
   if (!s.ok()) return s;
+  const bool rings = config.ring_collectives != "off";
+  if (rings && mpi->size() > 1) {
+    s = ring_.Open(mpi->comm());
+    if (!s.ok()) return s;
+  }
+  mpi->UseRing(&ring_, topology_.layout().hosts, config.ring_collectives, config.ring_min_bytes);
   if (topology_.path() == AllreducePath::kMpi) return Status::OK();
   const MpiContext* cross = nullptr;
   if (topology_.path() == AllreducePath::kHierarchical && topology_.cross() != MPI_COMM_NULL) {
     s = cross_mpi_.Open(topology_.cross());
     if (!s.ok()) return s;
     cross_mpi_.set_allreduce_chunk_bytes(config.allreduce_chunk_bytes);
+    if (rings && cross_mpi_.size() > 1) {
+      s = cross_ring_.Open(topology_.cross());
+      if (!s.ok()) return s;
+    }
+    // One rank per host: every cross collective crosses hosts.
+    cross_mpi_.UseRing(&cross_ring_, cross_mpi_.size(), config.ring_collectives,
+                       config.ring_min_bytes);
     cross = &cross_mpi_;
   }
   s = shm_.Open(topology_.local(), cross, topology_.slices(), config.allreduce_chunk_bytes,
@@ -92,6 +112,10 @@ Status Executor::Open(const MpiContext* mpi, const EngineConfig& config, int lan
 
 void Executor::Close(bool collective) {
   shm_.Close(collective);
+  cross_ring_.Close(collective);
+  ring_.Close(collective);
+  if (mpi_ != nullptr) mpi_->UseRing(nullptr, 1, "off", 0);
+  cross_mpi_.UseRing(nullptr, 1, "off", 0);
   cross_mpi_.Close();
   topology_.Close(collective);
   path_ = AllreducePath::kMpi;

@@ -17,6 +17,7 @@
 #include "core/host_topology.h"
 #include "core/mpi_context.h"
 #include "core/pending_op.h"
+#include "core/ring_collectives.h"
 #include "core/shm_allreduce.h"
 #include "core/timeline.h"
 
@@ -24,9 +25,11 @@ namespace hvdkeras {
 
 class Executor {
  public:
-  // Collective (the shared-memory window is made by all ranks together).
-  // `lane` is the engine's process set id (Note [device lanes] in device.h).
-  Status Open(const MpiContext* mpi, const EngineConfig& config, int lane);
+  // Collective (the shared-memory window and the rings are made by all
+  // ranks together). `lane` is the engine's process set id (Note [device
+  // lanes] in device.h). Large collectives of `mpi` go around a ring where
+  // the settings and the hosts say so (Note [ring across hosts]).
+  Status Open(MpiContext* mpi, const EngineConfig& config, int lane);
   // `collective` false only forgets the window (after a failure, when the
   // other ranks may not get here).
   void Close(bool collective);
@@ -50,7 +53,7 @@ class Executor {
   Status ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingOp*>& batch);
   void FinishFailedDeviceBatch(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 
-  const MpiContext* mpi_ = nullptr;
+  MpiContext* mpi_ = nullptr;
   FusionBuffer fusion_buffer_;
   // Fused allreduce results handed out as outputs; up to 256 MiB of released
   // blocks are kept for the next steps.
@@ -59,6 +62,8 @@ class Executor {
   HostTopology topology_;
   AllreducePath path_ = AllreducePath::kMpi;
   MpiContext cross_mpi_;  // the cross step of the hierarchical allreduce
+  RingCollectives ring_;        // over all of mpi_'s ranks
+  RingCollectives cross_ring_;  // over cross_mpi_'s ranks
   ShmAllreduce shm_;
   DeviceSession gpu_;
 };

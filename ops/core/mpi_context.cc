@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/half.h"
+#include "core/reduce_kernels.h"
 
 namespace hvdkeras {
 
@@ -120,8 +121,27 @@ MPI_Op MpiContext::MpiOp(DataType dtype, ReduceOp op) const {
   }
 }
 
+void MpiContext::UseRing(const RingCollectives* ring, int hosts, const std::string& setting,
+                         int64_t min_bytes) {
+  ring_ = ring != nullptr && ring->active() ? ring : nullptr;
+  ring_hosts_ = hosts;
+  ring_setting_ = setting;
+  ring_min_bytes_ = min_bytes;
+}
+
+bool MpiContext::RingTakes(int64_t bytes, DataType dtype) const {
+  return ring_ != nullptr && CanReduce(dtype) &&
+         RingWins(ring_setting_, ring_hosts_, size_, bytes, ring_min_bytes_);
+}
+
 Status MpiContext::Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
                              ReduceOp op) const {
+  if (RingTakes(count * static_cast<int64_t>(DataTypeSize(dtype)), dtype)) {
+    if (sendbuf && sendbuf != recvbuf) {
+      std::memcpy(recvbuf, sendbuf, static_cast<size_t>(count) * DataTypeSize(dtype));
+    }
+    return ring_->Allreduce(recvbuf, count, dtype, op);
+  }
   const MPI_Datatype type = MpiType(dtype);
   const MPI_Op mpi_op = MpiOp(dtype, op);
   const size_t element = DataTypeSize(dtype);
@@ -183,6 +203,17 @@ Status TooLarge(const char* what) {
 Status MpiContext::Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
                               const std::vector<int64_t>& recv_bytes,
                               const std::vector<int64_t>& displs) const {
+  int64_t total = 0;
+  bool end_to_end = true;  // the ring lays blocks back to back
+  for (size_t r = 0; r < recv_bytes.size(); ++r) {
+    end_to_end = end_to_end && displs[r] == total;
+    total += recv_bytes[r];
+  }
+  if (end_to_end && RingTakes(total, DataType::kUInt8)) {
+    char* mine = static_cast<char*>(recvbuf) + displs[rank_];
+    if (sendbuf != mine) std::memcpy(mine, sendbuf, static_cast<size_t>(send_bytes));
+    return ring_->Allgather(recvbuf, recv_bytes);
+  }
   int rc = MPI_SUCCESS;
   if (FitsInt(recv_bytes) && FitsInt(displs) && send_bytes <= INT32_MAX) {
     const std::vector<int> counts = ToInts(recv_bytes), offsets = ToInts(displs);
@@ -227,9 +258,23 @@ Status MpiContext::Alltoallv(const void* sendbuf, const std::vector<int64_t>& se
   return rc == MPI_SUCCESS ? Status::OK() : MpiError("MPI_Alltoallv", rc);
 }
 
-Status MpiContext::ReduceScatter(const void* sendbuf, void* recvbuf,
+Status MpiContext::ReduceScatter(void* sendbuf, void* recvbuf,
                                  const std::vector<int64_t>& recv_counts, DataType dtype,
                                  ReduceOp op) const {
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  int64_t total = 0, mine = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) mine = total;
+    total += recv_counts[r];
+  }
+  if (RingTakes(total * element, dtype)) {
+    Status s = ring_->ReduceScatter(sendbuf, recv_counts, dtype, op);
+    if (s.ok()) {
+      std::memcpy(recvbuf, static_cast<char*>(sendbuf) + mine * element,
+                  static_cast<size_t>(recv_counts[rank_] * element));
+    }
+    return s;
+  }
   int rc = MPI_SUCCESS;
   if (FitsInt(recv_counts)) {
     const std::vector<int> counts = ToInts(recv_counts);

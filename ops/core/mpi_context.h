@@ -6,9 +6,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/common.h"
+#include "core/ring_collectives.h"
 
 namespace hvdkeras {
 
@@ -27,6 +29,14 @@ class MpiContext {
   // bytes (0: one call), which keeps each step's data in cache.
   void set_allreduce_chunk_bytes(int64_t bytes) { allreduce_chunk_bytes_ = bytes; }
 
+  // Large collectives of this context go around `ring` (whose communicator
+  // duplicates this one) where RingWins(setting, hosts, ...) says so (Note
+  // [ring across hosts] in ring_plan.h); null turns that off.
+  void UseRing(const RingCollectives* ring, int hosts, const std::string& setting,
+               int64_t min_bytes);
+  // Whether a collective of `bytes` of `dtype` goes around the ring.
+  bool RingTakes(int64_t bytes, DataType dtype) const;
+
   // Reduces `count` elements. sendbuf == nullptr means in place on recvbuf.
   Status Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
                    ReduceOp op) const;
@@ -40,8 +50,9 @@ class MpiContext {
                    const std::vector<int64_t>& recv_bytes,
                    const std::vector<int64_t>& recv_displs) const;
   // Reduces `sendbuf` across ranks and leaves block r (recv_counts[r]
-  // elements, blocks laid out in rank order) on rank r.
-  Status ReduceScatter(const void* sendbuf, void* recvbuf, const std::vector<int64_t>& recv_counts,
+  // elements, blocks laid out in rank order) on rank r. `sendbuf` is
+  // scratch: the ring adds into it.
+  Status ReduceScatter(void* sendbuf, void* recvbuf, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) const;
   Status Barrier() const;
 
@@ -56,6 +67,10 @@ class MpiContext {
   MPI_Op half_ops_[2][4] = {};
   bool ops_created_ = false;
   int64_t allreduce_chunk_bytes_ = int64_t{1} << 20;
+  const RingCollectives* ring_ = nullptr;
+  int ring_hosts_ = 1;
+  std::string ring_setting_ = "off";
+  int64_t ring_min_bytes_ = 0;
 };
 
 }  // namespace hvdkeras

@@ -88,6 +88,10 @@ bool Reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b
   }
 }
 
+bool CanReduce(DataType dtype) {
+  return Reduce(dtype, ReduceOp::kSum, nullptr, nullptr, nullptr, 0);
+}
+
 bool ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, int64_t count) {
   return Reduce(dtype, op, dst, dst, src, count);
 }

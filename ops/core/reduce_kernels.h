@@ -14,6 +14,9 @@ namespace hvdkeras {
 // ops here do. Returns false for a dtype that cannot be reduced.
 bool Reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b, int64_t count);
 
+// Whether Reduce handles `dtype`.
+bool CanReduce(DataType dtype);
+
 // dst[i] = dst[i] (op) src[i] for i < count (Reduce with a = dst).
 bool ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, int64_t count);
 

@@ -287,7 +287,11 @@ TEST(CoordinatorStalls) {
     CHECK_EQ(stall.missing, std::vector<int>{2});
   }
   CHECK(found);
-  // ... and is never ended by the stall shutdown either.
+  // ... and is never ended by the stall shutdown either, while the rank it
+  // waits for is still busy (it submitted something within twice the bound;
+  // without that, how long it had been quiet would depend on when the
+  // coordinator was made, which is the machine's uptime on this clock).
+  j.Add(Allreduce("v", 2), kT0 + seconds(110));
   j.FailStalled(kT0 + seconds(120), 10.0);
   for (const Response& r : j.TakeReady()) CHECK(r.name != "hvdkeras.join");
   CHECK(j.any_joined());

@@ -21,6 +21,7 @@ TEST(DefaultsDescribeEverySettingInTableOrder) {
                        "stall_check_seconds=60\nstall_shutdown_seconds=1800\ntimeline_path=\n"
                        "timeline_mark_cycles=0\nautotune=0\nautotune_log=\n"
                        "allreduce_chunk_bytes=1048576\nshm_allreduce=1\nhierarchical_allreduce=auto\n"
+                       "ring_collectives=auto\nring_min_bytes=1048576\n"
                        "shm_arena_bytes=67108864\n"
                        "fusion_threshold_fixed=0\ncycle_time_fixed=0\n"));
 }
