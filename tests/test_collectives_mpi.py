@@ -101,3 +101,23 @@ def test_large_allreduce_other_paths(np, variant):
         env={**LARGE_VARIANTS[variant],
              "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)})
     assert_every_rank_passed(np, result, reports)
+
+
+# The ring (Note [ring across hosts] in ops/core/ring_plan.h) runs across
+# hosts; HVDKERAS_RING_COLLECTIVES=1 makes it take every reducible
+# allreduce, reduce-scatter and allgather of any size on one host too, so
+# its schedule meets every dtype, op, odd size, fused buffer and process set
+# of these files here, at a rank count MPI's own algorithms treat unevenly.
+# tests/test_netlab.py runs the same files across 3 and 4 hosts of their own.
+RING_FILES = ("test_allreduce.py", "test_gather_scatter.py", "test_process_sets.py",
+              "test_allreduce_large.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_ring_collectives_on_every_size():
+    result, reports = run_pytest_under_mpi(
+        3, [PARALLEL_DIR / name for name in RING_FILES], timeout=JOB_TIMEOUT_S,
+        env={"HVDKERAS_RING_COLLECTIVES": "1", "HVDKERAS_SHM_ALLREDUCE": "0",
+             "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)})
+    assert_every_rank_passed(3, result, reports)

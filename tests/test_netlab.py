@@ -10,6 +10,7 @@ cluster needs (`--ssh-command`, `--launcher-address`, `--network-interfaces`):
   hosts x 2 ranks and on 3 hosts x 1 rank, with local and cross ranks and
   the engine's allreduce path checked against the real hostnames
   (tests/parallel/test_hosts.py);
+* the ring collectives taking every size across 3 and 4 hosts of one rank;
 * a host whose link is cut mid-job: the whole job ends, non-zero, within the
   stall bound plus a margin, naming the ranks that stopped answering, and no
   process is left on any host;
@@ -67,7 +68,7 @@ pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def lab():
-    made = netlab.up(LAB, 3, NET, None)
+    made = netlab.up(LAB, 4, NET, None)
     try:
         yield made
     finally:
@@ -105,7 +106,7 @@ def run_launcher(args: list, timeout: float, env: dict) -> subprocess.CompletedP
     return subprocess.CompletedProcess(args, proc.returncode, out, None)
 
 
-def run_pytest_on_lab(lab: dict, layout: str, targets: list, extra=()) -> None:
+def run_pytest_on_lab(lab: dict, layout: str, targets: list, extra=(), env=None) -> None:
     count, per = (int(n) for n in layout.split("x"))
     np = count * per
     hosts = lab_hosts(lab, layout)
@@ -116,7 +117,7 @@ def run_pytest_on_lab(lab: dict, layout: str, targets: list, extra=()) -> None:
             timeout=SUITE_TIMEOUT_S,
             env={"HVDKERAS_UNDER_MPI": "1", RANK_REPORT_DIR: reports,
                  "HVDKERAS_TEST_HOSTS": hosts, "HVDKERAS_TEST_REAL_HOSTS": "1",
-                 "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_S)})
+                 "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_S), **(env or {})})
         found = sorted(Path(reports).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
         records = [json.loads(p.read_text()) for p in found]
     assert_every_rank_passed(np, result, records)
@@ -138,6 +139,20 @@ def test_fit_matches_one_process_on_lab_hosts(lab, layout):
     run_pytest_on_lab(lab, layout, [TESTS / "keras_parallel" / "test_equivalence.py"],
                       extra=["-W", "ignore::DeprecationWarning",
                              *([] if FULL else ["-k", "global_batch"])])
+
+
+# The ring across hosts of their own (Note [ring across hosts] in
+# ops/core/ring_plan.h), at 3 and 4 hosts of one rank: with its threshold at
+# 0 it takes every allreduce, reduce-scatter and allgather of these files
+# (every dtype and op, odd sizes, fused buffers, process sets) over TCP.
+RING_FILES = ("test_allreduce.py", "test_gather_scatter.py", "test_process_sets.py")
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
+@pytest.mark.parametrize("layout", ["3x1", "4x1"])
+def test_ring_collectives_across_lab_hosts(lab, layout):
+    run_pytest_on_lab(lab, layout, [TESTS / "parallel" / name for name in RING_FILES],
+                      env={"HVDKERAS_RING_MIN_BYTES": "0"})
 
 
 CUT_JOB = """

@@ -137,10 +137,7 @@ bool MpiContext::RingTakes(int64_t bytes, DataType dtype) const {
 Status MpiContext::Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
                              ReduceOp op) const {
   if (RingTakes(count * static_cast<int64_t>(DataTypeSize(dtype)), dtype)) {
-    if (sendbuf && sendbuf != recvbuf) {
-      std::memcpy(recvbuf, sendbuf, static_cast<size_t>(count) * DataTypeSize(dtype));
-    }
-    return ring_->Allreduce(recvbuf, count, dtype, op);
+    return ring_->Allreduce(sendbuf ? sendbuf : recvbuf, recvbuf, count, dtype, op);
   }
   const MPI_Datatype type = MpiType(dtype);
   const MPI_Op mpi_op = MpiOp(dtype, op);

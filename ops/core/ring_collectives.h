@@ -2,7 +2,9 @@
 // reduce-scatter and allgather that move the least bytes over each rank's
 // link at any rank count (Note [ring across hosts] in ring_plan.h). The
 // MPI context routes its large collectives here when its ranks span hosts
-// (MpiContext::UseRing).
+// (MpiContext::UseRing). Its waits test and sleep instead of spinning in
+// MPI (Note [waiting for the ring] in ring_collectives.cc); like every MPI
+// wait of the engine, the watchdog bounds them (Note [bounded waits]).
 #pragma once
 
 #include <mpi.h>
@@ -25,8 +27,10 @@ class RingCollectives {
   void Close(bool collective);
   bool active() const { return comm_ != MPI_COMM_NULL; }
 
-  // Reduces `count` elements of `buffer` in place on every rank.
-  Status Allreduce(void* buffer, int64_t count, DataType dtype, ReduceOp op) const;
+  // Reduces `count` elements of `input` into `output` on every rank (they
+  // may be the same buffer).
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
+                   ReduceOp op) const;
   // Reduces `work` (blocks of counts[r] elements laid end to end, one per
   // rank) and leaves block r on rank r, at its place in `work`; the other
   // blocks of `work` hold partial sums afterwards.
@@ -37,8 +41,10 @@ class RingCollectives {
   Status Allgather(void* buffer, const std::vector<int64_t>& bytes) const;
 
  private:
-  Status Run(RingKind kind, char* work, const std::vector<int64_t>& block_bytes, DataType dtype,
-             ReduceOp op) const;
+  // Reads this rank's contribution from `input` and builds the result in
+  // `work` (which may be `input`).
+  Status Run(RingKind kind, const char* input, char* work, const std::vector<int64_t>& block_bytes,
+             DataType dtype, ReduceOp op) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
