@@ -15,6 +15,9 @@ Each job times one allreduce of a single float32 tensor per size (median of
   across hosts one rank per host and slice; Note [hierarchical allreduce]);
 - `mpi-only`: hvdkeras with `HVDKERAS_RING_COLLECTIVES=0` (MPI's own
   algorithms between hosts, as before the ring);
+- `fp16`, `bf16`: hvdkeras's default path with the tensor cast to 16 bits
+  on the wire (`compression=hvd.Compression.fp16` / `.bf16`: half the bytes,
+  at the cost of the sums' precision);
 - `mpi`: raw mpi4py `Allreduce` on NumPy arrays, through the MPI hvdkeras
   ships (no hvdkeras, no TensorFlow);
 - `gloo`: `torch.distributed.all_reduce` with the gloo backend (what
@@ -58,6 +61,8 @@ PATHS = {
     "flat": {"HVDKERAS_HIERARCHICAL_ALLREDUCE": "0"},
     "hier": {"HVDKERAS_HIERARCHICAL_ALLREDUCE": "1"},
     "mpi-only": {"HVDKERAS_RING_COLLECTIVES": "0"},
+    "fp16": {},
+    "bf16": {},
     "mpi": None,
     "gloo": None,
 }
@@ -78,7 +83,7 @@ def timed(run_once, barrier, iterations: int) -> float:
     return statistics.median(times)
 
 
-def hvdkeras_worker(sizes: list, iterations: int) -> dict:
+def hvdkeras_worker(sizes: list, iterations: int, path: str) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np  # lazy: the worker's framework
     import tensorflow as tf  # lazy: the worker's framework
@@ -87,7 +92,8 @@ def hvdkeras_worker(sizes: list, iterations: int) -> dict:
 
     hvd.init()
     results = {"setting": hvd.engine_config().hierarchical_allreduce}
-    step = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))
+    compression = getattr(hvd.Compression, path, hvd.Compression.none)
+    step = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, compression=compression))
     for name in sizes:
         x = tf.constant(np.full(SIZES[name] // 4, hvd.rank() + 1, np.float32))
         assert float(step(x)[0]) == hvd.size() * (hvd.size() + 1) / 2
@@ -208,7 +214,7 @@ def main() -> None:
         gloo_worker(sizes, args.iterations, args.interface)
         return
     if args.worker:
-        hvdkeras_worker(sizes, args.iterations)
+        hvdkeras_worker(sizes, args.iterations, args.worker)
         return
     paths = args.paths.split(",")
     where = f"lab {args.lab} hosts" if args.lab else f"simulated hosts ({args.transport})"

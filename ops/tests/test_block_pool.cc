@@ -46,10 +46,17 @@ TEST(BlockPoolKeepsAtMostItsLimit) {
   hvdkeras::BlockPool pool(4096);
   std::shared_ptr<char> a = pool.Acquire(3000);
   std::shared_ptr<char> b = pool.Acquire(3000);
+  std::shared_ptr<char> c = pool.Acquire(1000);
+  char* kept = b.get();
   a.reset();
-  b.reset();  // would exceed 4096 cached bytes: freed instead
+  c.reset();
+  b.reset();  // would exceed 4096 cached bytes: the older blocks make room
   CHECK_EQ(pool.cached_blocks(), int64_t{1});
   CHECK_EQ(pool.cached_bytes(), int64_t{3008});
+  CHECK(pool.Acquire(3000).get() == kept);
+  std::shared_ptr<char> huge = pool.Acquire(5000);
+  huge.reset();  // over the limit by itself: freed
+  CHECK(pool.cached_bytes() <= 4096);
 }
 
 TEST(BlockPoolBlocksOutliveThePool) {
