@@ -65,21 +65,20 @@ Status Executor::Open(MpiContext* mpi, const EngineConfig& config, int lane) {
   gpu_.set_lane(lane);
   path_ = AllreducePath::kMpi;
   batches_run_ = 0;
-  bool known = true;
-  RingWins(config.ring_collectives, 1, 1, 0, 0, &known);
-  if (!known) {
+  RingSetting ring_setting = RingSetting::kAuto;
+  if (!ParseRingSetting(config.ring_collectives, &ring_setting)) {
     return Status::Error(StatusCode::kInvalidArgument,
                          "ring_collectives must be auto, on or off, not '" +
                              config.ring_collectives + "'");
   }
   Status s = topology_.Open(mpi->comm(), config.shm_allreduce, config.hierarchical_allreduce);
   if (!s.ok()) return s;
-  const bool rings = config.ring_collectives != "off";
+  const bool rings = ring_setting != RingSetting::kOff;
   if (rings && mpi->size() > 1) {
     s = ring_.Open(mpi->comm());
     if (!s.ok()) return s;
   }
-  mpi->UseRing(&ring_, topology_.layout().hosts, config.ring_collectives, config.ring_min_bytes);
+  mpi->UseRing(&ring_, topology_.layout().hosts, ring_setting, config.ring_min_bytes);
   if (topology_.path() == AllreducePath::kMpi) return Status::OK();
   const MpiContext* cross = nullptr;
   if (topology_.path() == AllreducePath::kHierarchical && topology_.cross() != MPI_COMM_NULL) {
@@ -95,7 +94,7 @@ Status Executor::Open(MpiContext* mpi, const EngineConfig& config, int lane) {
     // the size threshold is for whole collectives only: on 3 hosts x 2 ranks
     // MPI's own algorithm took the hierarchical path to 45% of a 1 Gbit/s
     // link, the ring on every piece to 89%.
-    cross_mpi_.UseRing(&cross_ring_, cross_mpi_.size(), config.ring_collectives, 0);
+    cross_mpi_.UseRing(&cross_ring_, cross_mpi_.size(), ring_setting, 0);
     cross = &cross_mpi_;
   }
   s = shm_.Open(topology_.local(), cross, topology_.slices(), config.allreduce_chunk_bytes,
@@ -117,8 +116,8 @@ void Executor::Close(bool collective) {
   shm_.Close(collective);
   cross_ring_.Close(collective);
   ring_.Close(collective);
-  if (mpi_ != nullptr) mpi_->UseRing(nullptr, 1, "off", 0);
-  cross_mpi_.UseRing(nullptr, 1, "off", 0);
+  if (mpi_ != nullptr) mpi_->UseRing(nullptr, 1, RingSetting::kOff, 0);
+  cross_mpi_.UseRing(nullptr, 1, RingSetting::kOff, 0);
   cross_mpi_.Close();
   topology_.Close(collective);
   path_ = AllreducePath::kMpi;

@@ -121,7 +121,7 @@ MPI_Op MpiContext::MpiOp(DataType dtype, ReduceOp op) const {
   }
 }
 
-void MpiContext::UseRing(const RingCollectives* ring, int hosts, const std::string& setting,
+void MpiContext::UseRing(const RingCollectives* ring, int hosts, RingSetting setting,
                          int64_t min_bytes) {
   ring_ = ring != nullptr && ring->active() ? ring : nullptr;
   ring_hosts_ = hosts;
@@ -201,9 +201,9 @@ Status MpiContext::Allgatherv(const void* sendbuf, int64_t send_bytes, void* rec
                               const std::vector<int64_t>& recv_bytes,
                               const std::vector<int64_t>& displs) const {
   int64_t total = 0;
-  bool end_to_end = true;  // the ring lays blocks back to back
-  for (size_t r = 0; r < recv_bytes.size(); ++r) {
-    end_to_end = end_to_end && displs[r] == total;
+  bool end_to_end = ring_ != nullptr;  // the ring lays blocks back to back
+  for (size_t r = 0; end_to_end && r < recv_bytes.size(); ++r) {
+    end_to_end = displs[r] == total;
     total += recv_bytes[r];
   }
   if (end_to_end && RingTakes(total, DataType::kUInt8)) {

@@ -6,7 +6,6 @@
 #include <mpi.h>
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "core/common.h"
@@ -32,8 +31,7 @@ class MpiContext {
   // Large collectives of this context go around `ring` (whose communicator
   // duplicates this one) where RingWins(setting, hosts, ...) says so (Note
   // [ring across hosts] in ring_plan.h); null turns that off.
-  void UseRing(const RingCollectives* ring, int hosts, const std::string& setting,
-               int64_t min_bytes);
+  void UseRing(const RingCollectives* ring, int hosts, RingSetting setting, int64_t min_bytes);
   // Whether a collective of `bytes` of `dtype` goes around the ring.
   bool RingTakes(int64_t bytes, DataType dtype) const;
 
@@ -69,7 +67,7 @@ class MpiContext {
   int64_t allreduce_chunk_bytes_ = int64_t{1} << 20;
   const RingCollectives* ring_ = nullptr;
   int ring_hosts_ = 1;
-  std::string ring_setting_ = "off";
+  RingSetting ring_setting_ = RingSetting::kOff;
   int64_t ring_min_bytes_ = 0;
 };
 

@@ -63,12 +63,22 @@ int64_t RingSegmentBytes(int64_t total_bytes, int size) {
   return std::clamp<int64_t>(block / 4, int64_t{64} << 10, int64_t{1} << 20);
 }
 
-bool RingWins(const std::string& setting, int hosts, int ranks, int64_t bytes, int64_t min_bytes,
-              bool* known) {
-  const bool ok = setting == "auto" || setting == "on" || setting == "off";
-  if (known) *known = ok;
-  if (!ok || setting == "off" || ranks < 2) return false;
-  if (setting == "on") return true;
+bool ParseRingSetting(const std::string& text, RingSetting* setting) {
+  if (text == "auto") {
+    *setting = RingSetting::kAuto;
+  } else if (text == "on") {
+    *setting = RingSetting::kOn;
+  } else if (text == "off") {
+    *setting = RingSetting::kOff;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool RingWins(RingSetting setting, int hosts, int ranks, int64_t bytes, int64_t min_bytes) {
+  if (setting == RingSetting::kOff || ranks < 2) return false;
+  if (setting == RingSetting::kOn) return true;
   return hosts >= 2 && bytes >= min_bytes;
 }
 

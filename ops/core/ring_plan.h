@@ -63,11 +63,16 @@ RingSchedule PlanRing(RingKind kind, int rank, int size, const std::vector<int64
 // per-message costs show (64 KiB to 1 MiB).
 int64_t RingSegmentBytes(int64_t total_bytes, int size);
 
+// The engine's ring_collectives setting: "auto" (across hosts, from a
+// size up), "on" (always, even on one host: for tests) or "off".
+enum class RingSetting { kAuto, kOn, kOff };
+
+// Parses the setting once; false (and *setting untouched) for a word it
+// does not know.
+bool ParseRingSetting(const std::string& text, RingSetting* setting);
+
 // Whether a collective of `bytes` over `ranks` ranks on `hosts` hosts goes
-// around the ring. `setting` is the engine's ring_collectives: "auto" (across
-// hosts, from `min_bytes` up), "on" (always, even on one host: for tests) or
-// "off". Returns false and sets *known false for a setting it does not know.
-bool RingWins(const std::string& setting, int hosts, int ranks, int64_t bytes, int64_t min_bytes,
-              bool* known = nullptr);
+// around the ring; under kAuto from `min_bytes` up, across hosts only.
+bool RingWins(RingSetting setting, int hosts, int ranks, int64_t bytes, int64_t min_bytes);
 
 }  // namespace hvdkeras

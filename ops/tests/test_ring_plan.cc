@@ -148,15 +148,20 @@ TEST(SegmentsAreWholeElements) {
 }
 
 TEST(RingRunsAcrossHostsFromTheSmallestSizeUnderAuto) {
-  CHECK(hvdkeras::RingWins("auto", 3, 3, 1 << 20, 1 << 20));
-  CHECK(!hvdkeras::RingWins("auto", 3, 3, (1 << 20) - 1, 1 << 20));
-  CHECK(!hvdkeras::RingWins("auto", 1, 4, 1 << 30, 1 << 20));  // one host: MPI's shared memory
-  CHECK(hvdkeras::RingWins("on", 1, 2, 4, 1 << 20));
-  CHECK(!hvdkeras::RingWins("on", 1, 1, 1 << 30, 0));  // one rank: nothing to do
-  CHECK(!hvdkeras::RingWins("off", 4, 4, 1 << 30, 0));
-  bool known = true;
-  CHECK(!hvdkeras::RingWins("sometimes", 4, 4, 1 << 30, 0, &known));
-  CHECK(!known);
+  auto wins = [](const char* text, int hosts, int ranks, int64_t bytes, int64_t min_bytes) {
+    hvdkeras::RingSetting setting = hvdkeras::RingSetting::kOff;
+    CHECK(hvdkeras::ParseRingSetting(text, &setting));
+    return hvdkeras::RingWins(setting, hosts, ranks, bytes, min_bytes);
+  };
+  CHECK(wins("auto", 3, 3, 1 << 20, 1 << 20));
+  CHECK(!wins("auto", 3, 3, (1 << 20) - 1, 1 << 20));
+  CHECK(!wins("auto", 1, 4, 1 << 30, 1 << 20));  // one host: MPI's shared memory
+  CHECK(wins("on", 1, 2, 4, 1 << 20));
+  CHECK(!wins("on", 1, 1, 1 << 30, 0));  // one rank: nothing to do
+  CHECK(!wins("off", 4, 4, 1 << 30, 0));
+  hvdkeras::RingSetting untouched = hvdkeras::RingSetting::kOn;
+  CHECK(!hvdkeras::ParseRingSetting("sometimes", &untouched));
+  CHECK(untouched == hvdkeras::RingSetting::kOn);
 }
 
 TEST(SegmentSizeStaysBetween64KiBAnd1MiB) {
