@@ -5,6 +5,7 @@
     python scripts/netlab.py ssh [ssh options] h1 'command ...'   # how mpiexec enters a host
     sudo python scripts/netlab.py cut h1 / mend h1               # take a host's link down / up
     sudo python scripts/netlab.py crash h1                       # link down, then kill all on it
+    sudo python scripts/netlab.py rate 2gbit                     # shape every link anew (or none)
     sudo python scripts/netlab.py down [--name hvk]
 
 Each host is a network namespace with its own address (10.<net>.0.<i+1> on
@@ -115,6 +116,20 @@ def shape(device: str, rate: str, namespace: Optional[str] = None) -> None:
     burst = max(int(bits / 8 / 1000), 32 * 1024)
     run(*prefix, "tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
         "burst", str(burst), "latency", "50ms")
+
+
+def reshape(name: str, rate: str) -> None:
+    """Shapes every link of lab `name` to `rate` ("none": unshaped)."""
+    lab = load(name)
+    for h in lab["hosts"]:
+        for device, namespace in ((h["outer"], None), (h["inner"], h["namespace"])):
+            if rate == "none":
+                prefix = ["ip", "netns", "exec", namespace] if namespace else []
+                run(*prefix, "tc", "qdisc", "del", "dev", device, "root", check=False, quiet=True)
+            else:
+                shape(device, rate, namespace)
+    lab["rate"] = None if rate == "none" else rate
+    state_path(name).write_text(json.dumps(lab))
 
 
 def parse_rate(rate: str) -> float:
@@ -272,6 +287,8 @@ def main(argv: List[str]) -> int:
     p_up.add_argument("--net", type=int, default=DEFAULT_NET, help="10.NET.0.0/24")
     p_up.add_argument("--rate", help="shape each link, e.g. 1gbit")
     sub.add_parser("down", help="remove the lab and everything in it")
+    p_rate = sub.add_parser("rate", help="shape every link anew (none: unshaped)")
+    p_rate.add_argument("rate", help="e.g. 2gbit, or none")
     sub.add_parser("check", help="whether this machine can run a lab")
     sub.add_parser("status", help="the lab's hosts and the processes in them")
     sub.add_parser("ssh", help="ssh stand-in: [ssh options] HOST COMMAND")
@@ -289,6 +306,8 @@ def main(argv: List[str]) -> int:
         print(json.dumps(lab, indent=1))
     elif args.action == "down":
         down(args.name)
+    elif args.action == "rate":
+        reshape(args.name, args.rate)
     elif args.action == "status":
         lab = load(args.name)
         print(json.dumps({**lab, "pids": leftovers(args.name)}, indent=1))

@@ -1,6 +1,6 @@
 """Pure logic of the torch optimizer's reductions during the backward pass
 (hvdkeras/backends/torch/backward_overlap.py): which settings use it and
-how gradients are put in buckets. No MPI."""
+how its knob reads (the buckets themselves: tests/test_gradient_buckets.py). No MPI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the torch extra is not installed: pip install -e '.[torch]'")
 
-from hvdkeras.backends.torch.backward_overlap import buckets, eligible  # noqa: E402
+from hvdkeras.backends.torch.backward_overlap import eligible  # noqa: E402
 from hvdkeras.engine import config  # noqa: E402
 from hvdkeras.engine.types import Adasum, Average, Sum  # noqa: E402
 
@@ -19,25 +19,6 @@ class _Named:
 
 
 PLAIN = {"op": Average, "passes": 1, "groups": None, "num_groups": 0, "compression": None}
-
-
-def test_buckets_follow_the_backward_order_and_close_at_the_limit():
-    assert buckets([4, 4, 4, 4, 4], ["float32"] * 5, limit=8) == [[4, 3], [2, 1], [0]]
-    assert buckets([100], ["float32"], limit=8) == [[0]]
-    assert buckets([], [], limit=8) == []
-
-
-def test_buckets_hold_one_dtype_each():
-    dtypes = ["float32", "float16", "float32", "float16"]
-    assert buckets([2, 2, 2, 2], dtypes, limit=4) == [[3, 1], [2, 0]]
-    assert buckets([2, 2, 2, 2], dtypes, limit=100) == [[3, 1], [2, 0]]
-
-
-def test_every_position_is_in_exactly_one_bucket():
-    sizes = [3, 50, 7, 7, 1, 90, 2]
-    dtypes = ["float32", "bfloat16"] * 3 + ["float32"]
-    found = sorted(p for bucket in buckets(sizes, dtypes, limit=10) for p in bucket)
-    assert found == list(range(len(sizes)))
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -58,3 +39,9 @@ def test_the_knob_defaults_to_auto_and_takes_booleans():
     assert config.torch_backward_overlap({"HVDKERAS_TORCH_BACKWARD_OVERLAP": "yes"}) == "on"
     with pytest.raises(ValueError, match="HVDKERAS_TORCH_BACKWARD_OVERLAP"):
         config.torch_backward_overlap({"HVDKERAS_TORCH_BACKWARD_OVERLAP": "maybe"})
+
+
+def test_the_torch_knob_overrides_the_general_one():
+    both = {"HVDKERAS_TORCH_BACKWARD_OVERLAP": "0", "HVDKERAS_BACKWARD_OVERLAP": "1"}
+    assert config.torch_backward_overlap(both) == "off"
+    assert config.torch_backward_overlap({"HVDKERAS_BACKWARD_OVERLAP": "1"}) == "on"

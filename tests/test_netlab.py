@@ -138,7 +138,7 @@ def test_collective_suite_on_lab_hosts(lab, layout):
 def test_fit_matches_one_process_on_lab_hosts(lab, layout):
     run_pytest_on_lab(lab, layout, [TESTS / "keras_parallel" / "test_equivalence.py"],
                       extra=["-W", "ignore::DeprecationWarning",
-                             *([] if FULL else ["-k", "global_batch"])])
+                             *([] if FULL else ["-k", "global_batch or buckets"])])
 
 
 # The ring across hosts of their own (Note [ring across hosts] in

@@ -17,6 +17,7 @@ from hvdkeras.engine import agreement, c_api, failfast, library
 from hvdkeras.engine import process_sets as process_set_registry
 from hvdkeras.engine import frameworks, tf_threads
 from hvdkeras.engine.config import (EXPECTED_SIZE, EngineConfig, engine_config_from_env,
+                                    transport_defaults,
                                     ignored_horovod_aliases, info_logs)
 
 # The MPI standard's thread levels; mpi4py.MPI.THREAD_* hold the same values.
@@ -120,6 +121,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     frameworks.check_supported(backend)
     config = engine_config_from_env()
     threads_setting = tf_threads.parse_setting()
+    os.environ.update(transport_defaults(os.environ))  # Note [eager ring segments]
     from mpi4py import MPI  # lazy: importing it initializes MPI, which only init() may do
 
     if comm is None:

@@ -7,6 +7,8 @@ as PNGs and one self-contained HTML page.
 * `charts`: the PNGs (matplotlib, the `report` extra).
 * `page` (pure): the HTML page around them.
 * `writer`: all of it into `RUN_DIR/report/`, atomically.
+* `step_picture`: one training step's gradient reductions against the
+  backward pass, from a timeline (the synthetic benchmark's lab mode).
 
 What may import it: the CLI and the recipes' launching code. It imports
 nothing of hvdkeras, and matplotlib only when charts are drawn.

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hvdkeras.engine.config import EXPECTED_SIZE as EXPECTED_SIZE_ENV
+from hvdkeras.engine.config import transport_defaults
 from hvdkeras.runner import elastic as elastic_world
 from hvdkeras.runner import mpi_env, startup_noise
 from hvdkeras.runner import remote as remote_access
@@ -236,6 +237,7 @@ def launch_job(command: list[str], np: int, hosts: str | None = None, hostfile: 
         rank_env.update(extra_env)
         rank_env[EXPECTED_SIZE_ENV] = str(np)
         rank_env.setdefault("PYTHONUNBUFFERED", "1")
+        rank_env.update(transport_defaults(rank_env))  # Note [eager ring segments]
         quiet = startup_noise.quiet_env(rank_env)  # Note [quiet start-up]
         rank_env.update(quiet)
         user_args = tuple(shlex.split(os.environ.get(mpi_env.MPIEXEC_ARGS_ENV, "")))

@@ -21,7 +21,7 @@ from hvdkeras.collectives.common import scale_values
 from hvdkeras.collectives.kernels import in_xla
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.collectives.sparse import gather_slices, sparse_scale
-from hvdkeras.engine import process_sets
+from hvdkeras.engine import buckets, process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, SetView, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Max, Min, Product, Sum
 from hvdkeras.collectives.compression import Compression, Compressor
@@ -180,6 +180,29 @@ def positions_of(groups: Sequence[Sequence], variables: Sequence) -> List[List[i
     return positions
 
 
+def _buckets_wanted(settings: ReductionSettings) -> bool:
+    """Whether the default grouping is gradient buckets (Note [gradient
+    buckets]): Average or Sum (Adasum combines a group as a whole), and the
+    ranks span hosts unless `HVDKERAS_BACKWARD_OVERLAP` says otherwise."""
+    w = world.require()
+    return settings.op in (Average, Sum) and buckets.overlap_wanted(w.local_size, w.size)
+
+
+def bucket_groups(gradients: Sequence, positions: Sequence[int]) -> List[List[int]]:
+    """`positions` (of `gradients`, the present ones in list order) grouped
+    into buckets in the order back-propagation produces them (Note [gradient
+    buckets]). A gradient whose size is unknown while tracing fills a bucket
+    on its own."""
+    limit = buckets.bucket_limit()
+    sizes, dtypes = [], []
+    for gradient in gradients:
+        count = gradient.shape.num_elements() if gradient.shape.is_fully_defined() else None
+        sizes.append(limit if count is None else count * gradient.dtype.size)
+        dtypes.append(gradient.dtype.name)
+    planned = buckets.buckets(sizes, dtypes, limit, min(limit, buckets.FIRST_BUCKET_BYTES))
+    return [sorted(positions[k] for k in bucket) for bucket in planned]
+
+
 def _densify(gradient) -> tf.Tensor:
     if isinstance(gradient, tf.IndexedSlices):
         return tf.convert_to_tensor(gradient)
@@ -269,9 +292,12 @@ def reduce_gradients(gradients: Sequence, settings: ReductionSettings,
         if variables is None:
             raise ValueError("groups= needs the variables the gradients belong to.")
         explicit = positions_of(settings.groups, list(variables))
-    planned = plan_groups(present, settings.num_groups, explicit)
+    if explicit is None and not settings.num_groups and _buckets_wanted(settings):
+        planned, prefix = bucket_groups([gradients[i] for i in present], present), "_bucket"
+    else:
+        planned, prefix = plan_groups(present, settings.num_groups, explicit), ""
     for number, positions in enumerate(planned):
-        name = settings.name if len(planned) == 1 else f"{settings.name}_{number}"
+        name = settings.name if len(planned) == 1 else f"{settings.name}{prefix}_{number}"
         reduced = _reduce_group([_densify(gradients[i]) for i in positions], settings, name, ps)
         for i, r in zip(positions, reduced):
             result[i] = r

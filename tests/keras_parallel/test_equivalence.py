@@ -153,6 +153,24 @@ def test_grouping_and_scaling_options_keep_the_result(variant):
     assert_weights_close(model.get_weights(), _reference("sgd_momentum").get_weights(), variant)
 
 
+def test_gradient_buckets_keep_the_result(monkeypatch):
+    """Buckets (Note [gradient buckets]), forced on one host and made tiny so
+    the MLP's gradients take several requests, give the one-process result."""
+    from hvdkeras.training.gradient_reduction import bucket_groups
+
+    monkeypatch.setenv("HVDKERAS_BACKWARD_OVERLAP", "1")
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "16")
+    x, y = _data()
+    model = _compiled(OPTIMIZERS["sgd_momentum"]())
+    variables = model.trainable_variables
+    planned = bucket_groups([v.value for v in variables], list(range(len(variables))))
+    assert len(planned) > 1 and len(variables) - 1 in planned[0] and 0 in planned[-1]
+    model.optimizer = hvd.DistributedOptimizer(model.optimizer)
+    fit_distributed(model, shard(x, STEPS, B), shard(y, STEPS, B), batch_size=B)
+    assert_weights_close(model.get_weights(), _reference("sgd_momentum").get_weights(),
+                         "gradient buckets")
+
+
 def test_op_sum_equals_learning_rate_times_size():
     x, y = _data()
     model = _compiled(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),

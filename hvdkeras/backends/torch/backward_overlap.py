@@ -6,9 +6,9 @@ Keras's torch trainer runs `loss.backward()` to the end, then calls
 `optimizer.apply(grads)`. Reducing only there leaves the network idle for the
 whole backward pass and the CPU waiting for the reduction. As Horovod's and
 DDP's PyTorch front-ends do, the distributed optimizer hooks each variable's
-tensor (`register_post_accumulate_grad_hook`). The gradients fill buckets of
-about 25 MB in the order autograd produces them (the model's variables
-backwards, `buckets`); once all of a bucket's gradients are finished, the
+tensor (`register_post_accumulate_grad_hook`). The gradients fill buckets
+(Note [gradient buckets] in hvdkeras/engine/buckets.py) in the order autograd
+produces them; once all of a bucket's gradients are finished, the
 hook hands the bucket to the engine as one request, reduced in place in the
 gradients' own buffers under a name fixed by the bucket's position, and
 returns at once, while autograd computes the layers below. One request per
@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Sequence, Set, Tuple
 import torch
 
 from hvdkeras import compat
-from hvdkeras.engine import process_sets
+from hvdkeras.engine import buckets, process_sets
 from hvdkeras.engine.requests import Pending
 from hvdkeras.engine.types import Average, Sum
 from hvdkeras.host import buffers
@@ -75,46 +75,6 @@ def eligible(settings: Dict[str, Any], enabled: bool) -> bool:
             and not settings.get("zero_stage")
             and settings["groups"] is None and settings["num_groups"] in (0, 1)
             and compression == "none")
-
-
-# Gradients are sent in buckets of about this many bytes, as DDP does: one
-# request (and one negotiation) per bucket rather than per gradient.
-BUCKET_BYTES = 25 * 2**20
-
-
-def buckets(sizes: Sequence[int], dtypes: Sequence[str], limit: int = BUCKET_BYTES
-            ) -> List[List[int]]:
-    """Groups variable positions into buckets in the order their gradients
-    appear (the model's variables backwards), one dtype per bucket, each
-    closed once it holds `limit` bytes.
-
-    Args:
-        sizes: Each variable's gradient size in bytes, in the model's order.
-        dtypes: Each variable's dtype.
-        limit: A bucket's size in bytes.
-
-    Returns:
-        Lists of positions.
-
-    Example:
-        >>> buckets([8, 8, 8], ["float32"] * 3, limit=16)
-        [[2, 1], [0]]
-    """
-    open_by_dtype: Dict[str, List[int]] = {}
-    filled: Dict[str, int] = {}
-    result: List[List[int]] = []
-    for position in reversed(range(len(sizes))):
-        dtype = dtypes[position]
-        bucket = open_by_dtype.get(dtype)
-        if bucket is None:
-            bucket = open_by_dtype[dtype] = []
-            filled[dtype] = 0
-            result.append(bucket)
-        bucket.append(position)
-        filled[dtype] += sizes[position]
-        if filled[dtype] >= limit:
-            del open_by_dtype[dtype]
-    return result
 
 
 # The optimizer whose hooks act on a tensor: the one built for it last. A
@@ -149,7 +109,9 @@ class BackwardReductions:
         hooked = [p for p, t in enumerate(tensors)
                   if isinstance(t, torch.Tensor) and t.requires_grad]
         sizes = [tensors[p].numel() * tensors[p].element_size() for p in hooked]
-        groups = buckets(sizes, [str(tensors[p].dtype) for p in hooked], BUCKET_BYTES)
+        limit = buckets.bucket_limit()
+        groups = buckets.buckets(sizes, [str(tensors[p].dtype) for p in hooked], limit,
+                                 min(limit, buckets.FIRST_BUCKET_BYTES))
         self._buckets = [[hooked[k] for k in group] for group in groups]
         self._bucket_of = {p: b for b, group in enumerate(self._buckets) for p in group}
         self._ready: Dict[int, torch.Tensor] = {}  # position -> gradient, this step
