@@ -51,6 +51,8 @@ import subprocess
 import sys
 import time
 
+from lab_steps import lab_launcher
+
 SIZES = {"4MB": 4 << 20, "16MB": 16 << 20, "64MB": 64 << 20, "256MB": 256 << 20}
 LAYOUTS = {"2x1": "h0:1,h1:1", "2x2": "h0:2,h1:2", "3x1": "h0:1,h1:1,h2:1",
            "3x2": "h0:2,h1:2,h2:2", "4x1": "h0:1,h1:1,h2:1,h3:1",
@@ -67,7 +69,6 @@ PATHS = {
     "gloo": None,
 }
 GLOO_PORT = 29517
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def timed(run_once, barrier, iterations: int) -> float:
@@ -145,19 +146,6 @@ def gloo_worker(sizes: list, iterations: int, interface: str) -> None:
     if comm.rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     dist.destroy_process_group()
-
-
-def lab_launcher(lab: str, hosts: str, n: int) -> list:
-    """hvdkerasrun onto the network-namespace lab `lab` (scripts/netlab.py)."""
-    with open(f"/run/netlab-{lab}.json", encoding="utf-8") as f:
-        state = json.load(f)
-    names = [h["host"] for h in state["hosts"]]
-    hosts = ",".join(f"{names[int(h[1:].split(':')[0])]}:{h.split(':')[1]}"
-                     for h in hosts.split(","))
-    ssh = f"{sys.executable} {os.path.join(REPO, 'scripts', 'netlab.py')} --name {lab} ssh"
-    return [os.path.join(os.path.dirname(sys.executable), "hvdkerasrun"), "-np", str(n),
-            "-H", hosts, "--ssh-command", ssh, "--launcher-address", state["launcher"],
-            "--network-interfaces", "eth0", "--no-prefix"]
 
 
 def link_limit_ms(size: int, layout: str, rate_gbit: float) -> float:

@@ -3,6 +3,7 @@
 
     hvdkerasrun -np 2 python examples/synthetic_benchmark.py --model ResNet50 --image-size 64
     python examples/synthetic_benchmark.py --scaling 2 --model ResNet50 --image-size 64
+    python examples/synthetic_benchmark.py --lab bench --rates 1,2 --peer --image-size 64 --batch-size 8
 
 Under a launcher it prints images/s per rank and in total, each iteration
 and then as mean +- 1.96 standard deviations (the format of Horovod's
@@ -13,7 +14,9 @@ machine), and prints the scaling efficiency (N ranks / N independent), the
 gradient bytes each step reduces, the time a raw in-place MPI_Allreduce of
 those bytes takes (the floor), and where an N-rank step's time goes, from
 the engine's timeline: waiting for the other ranks, the collectives
-themselves, and the rest (compute not hidden behind them).
+themselves, and the rest (compute not hidden behind them). `--lab NAME`
+runs one rank per host of a network-namespace lab at unshaped and shaped
+links, against PyTorch DDP with `--peer` (examples/lab_steps.py).
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                    help="DistributedOptimizer(num_groups=...): gradient groups reduced separately")
     p.add_argument("--scaling", type=int, default=0, metavar="N",
                    help="measure 1 rank, N ranks and N independent processes")
+    p.add_argument("--lab", default="", help="lab mode on this network-namespace lab "
+                   "(scripts/netlab.py; see examples/lab_steps.py)")
+    p.add_argument("--rates", default="1,2", help="lab mode: link rates in Gbit/s")
+    p.add_argument("--models", default="", help="lab mode: models, comma-separated "
+                   "(default: --model)")
+    p.add_argument("--lab-hosts", type=int, default=2, help="lab mode: hosts, one rank each")
+    p.add_argument("--peer", action="store_true", help="lab mode: PyTorch DDP (gloo) on a "
+                   "ResNet-50 of the same layout, for the ResNet50 rows")
+    p.add_argument("--picture", default="", help="lab mode: draw one step of the first "
+                   "rate's run into this PNG")
+    p.add_argument("--skip-floor", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--independent", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)
     p.add_argument("--timeline", default=None, help=argparse.SUPPRESS)
@@ -107,7 +121,7 @@ def run_worker(args: argparse.Namespace) -> None:
     per_rank = [args.batch_size * args.num_batches_per_iter / t for t in timings]
     gradient_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
                          for v in model.trainable_variables)
-    floor_ms = raw_allreduce_ms(gradient_bytes) if size > 1 else 0.0
+    floor_ms = raw_allreduce_ms(gradient_bytes) if size > 1 and not args.skip_floor else 0.0
     if rank == 0:
         for i, value in enumerate(per_rank):
             print(f"Iter #{i}: {value:.1f} img/sec per rank")
@@ -158,7 +172,8 @@ def timeline_breakdown(path: str) -> Dict[str, float]:
             "busy_ms": union_ms(both), "span_ms": span}
 
 
-def timeline_overlap(path: str, pattern: str = r"gradients(_\d+)?$") -> Dict[str, float]:
+def timeline_overlap(path: str, pattern: str = r"gradients(_bucket)?(_\d+)?$"
+                     ) -> Dict[str, float]:
     """How far the gradient reductions overlap the backward pass, per step.
 
     The gradient group submitted last holds the first layers' gradients, the
@@ -167,7 +182,7 @@ def timeline_overlap(path: str, pattern: str = r"gradients(_\d+)?$") -> Dict[str
     starts before that: `lead_ms` (median over steps) is by how much, and
     `overlapped` the fraction of steps where it does. Gradient groups are the
     ops whose names match `pattern` (DistributedOptimizer names them
-    "<optimizer>_gradients_<group>").
+    "<optimizer>_gradients_<group>", or "_bucket_<bucket>" across hosts).
     """
     with open(path) as f:
         events = json.load(f)
@@ -257,9 +272,25 @@ def run_scaling(args: argparse.Namespace, argv: List[str], work: str) -> None:
                   "gradient; --num-groups splits it)")
 
 
+def lab_passthrough(args: argparse.Namespace) -> List[str]:
+    """The worker's arguments for a lab-mode job (without --model). Pure."""
+    out = ["--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
+           "--num-warmup-batches", str(args.num_warmup_batches),
+           "--num-batches-per-iter", str(args.num_batches_per_iter),
+           "--num-iters", str(args.num_iters), "--num-groups", str(args.num_groups),
+           "--skip-floor"]
+    return out + (["--jit"] if args.jit else []) + (["--fp16-allreduce"] if args.fp16_allreduce
+                                                    else [])
+
+
 def main(argv: List[str]) -> None:
     args = parse_args(argv)
-    if args.scaling:
+    if args.lab:
+        sys.path.insert(0, os.path.dirname(HERE))  # deliberate: its neighbour, as a script
+        import lab_steps  # lazy: the lab mode's orchestration, only with --lab
+
+        lab_steps.run_lab(args, lab_passthrough(args))
+    elif args.scaling:
         work = tempfile.mkdtemp(prefix="synthetic-benchmark-")
         try:
             run_scaling(args, argv, work)

@@ -111,3 +111,37 @@ def test_timeline_overlap_finds_reductions_started_before_the_last_group(tmp_pat
     assert got["groups"] == 2
     assert got["overlapped"] == 0.5
     assert got["lead_ms"] == pytest.approx((3.0 + -0.3) / 2)
+
+
+def _example(name: str):
+    import importlib.util
+    import sys
+    sys.path.insert(0, str(SCRIPT.parent))  # the examples import their neighbours
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lab_mode_arithmetic_and_worker_arguments():
+    """Pure parts of the synthetic benchmark's lab mode (examples/lab_steps.py)."""
+    lab = _example("lab_steps")
+    assert lab.link_ms(125_000_000, 2, 1.0) == pytest.approx(1000.0)
+    assert lab.link_ms(125_000_000, 4, 2.0) == pytest.approx(750.0)
+    synthetic = _example("synthetic_benchmark")
+    args = synthetic.parse_args(["--lab", "x", "--image-size", "64", "--batch-size", "8",
+                                 "--fp16-allreduce"])
+    worker = synthetic.lab_passthrough(args)
+    assert worker[:4] == ["--image-size", "64", "--batch-size", "8"]
+    assert "--skip-floor" in worker and "--fp16-allreduce" in worker and "--lab" not in worker
+    parsed = synthetic.parse_args(worker + ["--model", "ResNet50"])
+    assert (parsed.image_size, parsed.batch_size, parsed.skip_floor, parsed.lab) == (64, 8, True, "")
+
+
+def test_ddp_peer_is_a_resnet50():
+    """The DDP peer's network has ResNet-50's 25,557,032 parameters (the
+    layout's published count; keras.applications adds conv biases: 0.1% more)."""
+    torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+    model = _example("ddp_peer").resnet50()
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032
+    assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 1000)

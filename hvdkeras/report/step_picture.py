@@ -124,7 +124,7 @@ def draw_step(timeline_path: str, out_path: str, title: str, step: int = -2) -> 
     ax.invert_yaxis()
     ax.set_xlabel("ms from the first gradient bucket's submission (rank 0)")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     plt.close(fig)

@@ -106,12 +106,22 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
         ScaleCopy(dtype, t.input, out, n, first.prescale);
         send = nullptr;
       }
+      // On the ring the scaling goes segment by segment (Note [fused work in
+      // the ring] in ring_collectives.cc).
+      const bool ring = ctx.mpi.RingTakes(TensorBytes(t), dtype);
+      RingStages stages;
+      if (ring && finalize) {
+        const int64_t el = static_cast<int64_t>(element);
+        stages.on_final = [&, el](int64_t b, int64_t e) {
+          FinalizeCopy(dtype, out + b, out + b, (e - b) / el, divisor, first.postscale);
+        };
+      }
       {
         Activity mpi(ctx, batch, AllreducePhase(ctx, TensorBytes(t), dtype));
-        s = ctx.mpi.Allreduce(send, out, n, dtype, first.reduce_op);
+        s = ctx.mpi.Allreduce(send, out, n, dtype, first.reduce_op, ring ? &stages : nullptr);
         if (!s.ok()) return s;
       }
-      if (finalize) {
+      if (finalize && !ring) {
         Activity scale(ctx, batch, "POSTSCALE");
         FinalizeCopy(dtype, out, out, n, divisor, first.postscale);
       }
@@ -157,6 +167,20 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     Activity activity(ctx, batch, "SHM_ALLREDUCE");
     Status s = ctx.shm->Run(buffer, total, dtype, first.reduce_op, divisor, first.postscale,
                             fill);
+    if (!s.ok()) return s;
+  } else if (!shared && ctx.mpi.RingTakes(total_bytes, dtype)) {
+    // Note [fused work in the ring] in ring_collectives.cc: the copy in and
+    // the scaling happen segment by segment while the link works.
+    const int64_t el = static_cast<int64_t>(element);
+    RingStages stages;
+    stages.before_read = [&](int64_t b, int64_t e) { fill(b / el, e / el, buffer + b); };
+    if (finalize) {
+      stages.on_final = [&](int64_t b, int64_t e) {
+        FinalizeCopy(dtype, buffer + b, buffer + b, (e - b) / el, divisor, first.postscale);
+      };
+    }
+    Activity mpi(ctx, batch, AllreducePhase(ctx, total_bytes, dtype));
+    Status s = ctx.mpi.Allreduce(nullptr, buffer, total, dtype, first.reduce_op, &stages);
     if (!s.ok()) return s;
   } else if (!shared) {
     {

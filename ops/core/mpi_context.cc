@@ -135,10 +135,19 @@ bool MpiContext::RingTakes(int64_t bytes, DataType dtype) const {
 }
 
 Status MpiContext::Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
-                             ReduceOp op) const {
-  if (RingTakes(count * static_cast<int64_t>(DataTypeSize(dtype)), dtype)) {
-    return ring_->Allreduce(sendbuf ? sendbuf : recvbuf, recvbuf, count, dtype, op);
+                             ReduceOp op, const RingStages* stages) const {
+  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
+  if (RingTakes(bytes, dtype)) {
+    return ring_->Allreduce(sendbuf ? sendbuf : recvbuf, recvbuf, count, dtype, op, stages);
   }
+  if (stages && stages->before_read) stages->before_read(0, bytes);
+  Status s = MpiAllreduce(sendbuf, recvbuf, count, dtype, op);
+  if (s.ok() && stages && stages->on_final) stages->on_final(0, bytes);
+  return s;
+}
+
+Status MpiContext::MpiAllreduce(const void* sendbuf, void* recvbuf, int64_t count,
+                                DataType dtype, ReduceOp op) const {
   const MPI_Datatype type = MpiType(dtype);
   const MPI_Op mpi_op = MpiOp(dtype, op);
   const size_t element = DataTypeSize(dtype);

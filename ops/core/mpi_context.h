@@ -36,8 +36,10 @@ class MpiContext {
   bool RingTakes(int64_t bytes, DataType dtype) const;
 
   // Reduces `count` elements. sendbuf == nullptr means in place on recvbuf.
+  // With `stages` (only where RingTakes: Note [fused work in the ring] in
+  // ring_collectives.cc) the ring fills and finishes the buffer as it goes.
   Status Allreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
-                   ReduceOp op) const;
+                   ReduceOp op, const RingStages* stages = nullptr) const;
   Status Broadcast(void* buffer, int64_t bytes, int root) const;
   // Byte-level variable-size collectives; counts and displacements in bytes.
   Status Allgatherv(const void* sendbuf, int64_t send_bytes, void* recvbuf,
@@ -55,6 +57,9 @@ class MpiContext {
   Status Barrier() const;
 
  private:
+  // MPI's own allreduce, in chunks.
+  Status MpiAllreduce(const void* sendbuf, void* recvbuf, int64_t count, DataType dtype,
+                      ReduceOp op) const;
   MPI_Datatype MpiType(DataType dtype) const;
   MPI_Op MpiOp(DataType dtype, ReduceOp op) const;
 

@@ -10,12 +10,23 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/common.h"
 #include "core/ring_plan.h"
 
 namespace hvdkeras {
+
+// Work an allreduce's ring does on the buffer as it goes (Note [fused work in
+// the ring] in ring_collectives.cc). Ranges are in bytes of the buffer.
+struct RingStages {
+  // Before bytes [begin, end) of the input are first read: fill them in.
+  std::function<void(int64_t begin, int64_t end)> before_read;
+  // Once bytes [begin, end) of the output hold the final sum, before they
+  // are sent on or returned: finish them (scale) in place.
+  std::function<void(int64_t begin, int64_t end)> on_final;
+};
 
 class RingCollectives {
  public:
@@ -28,9 +39,9 @@ class RingCollectives {
   bool active() const { return comm_ != MPI_COMM_NULL; }
 
   // Reduces `count` elements of `input` into `output` on every rank (they
-  // may be the same buffer).
-  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype,
-                   ReduceOp op) const;
+  // may be the same buffer), calling `stages`' hooks when given.
+  Status Allreduce(const void* input, void* output, int64_t count, DataType dtype, ReduceOp op,
+                   const RingStages* stages = nullptr) const;
   // Reduces `work` (blocks of counts[r] elements laid end to end, one per
   // rank) and leaves block r on rank r, at its place in `work`; the other
   // blocks of `work` hold partial sums afterwards.
@@ -44,7 +55,7 @@ class RingCollectives {
   // Reads this rank's contribution from `input` and builds the result in
   // `work` (which may be `input`).
   Status Run(RingKind kind, const char* input, char* work, const std::vector<int64_t>& block_bytes,
-             DataType dtype, ReduceOp op) const;
+             DataType dtype, ReduceOp op, const RingStages* stages = nullptr) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
