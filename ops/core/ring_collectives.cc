@@ -166,8 +166,12 @@ Status RingCollectives::Run(RingKind kind, const char* input, char* work,
       if (rc != MPI_SUCCESS) return RingError("MPI_Irecv", rc);
       ++recv_posted;
     }
+    // Eager sends complete at once (Note [eager ring segments]), so the send
+    // window alone would not hold a rank back: it also stays within a window
+    // of its own receives, which pace its right neighbour's, so its segments
+    // meet posted receives instead of piling up unmatched at the neighbour.
     while (send_posted < sends && send_posted < recv_done + plan.ready_sends &&
-           send_posted < send_done + kWindow) {
+           send_posted < send_done + kWindow && send_posted < recv_done + kWindow) {
       const RingSegment& s = plan.sends[send_posted];
       if (kind == RingKind::kAllreduce) sent_from[s.offset] = send_posted;
       // This rank's own data goes out from the input; the rest are segments
