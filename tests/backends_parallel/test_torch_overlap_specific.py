@@ -17,7 +17,6 @@ if keras.backend.backend() != "torch":
 
 import torch  # noqa: E402  (after the skip: absent under the other backends)
 
-from hvdkeras.backends.torch import backward_overlap  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +66,7 @@ def _assert_stepped(model, before, expected_grads):
 
 
 def test_each_bucket_is_sent_by_the_backward_pass(monkeypatch):
-    monkeypatch.setattr(backward_overlap, "BUCKET_BYTES", 1)  # one bucket per variable
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "1")  # one bucket per variable
     model, optimizer = _model_and_optimizer()
     before, expected = _weights(model), _mean_gradients(model)
     optimizer.apply(_backward(model), model.trainable_variables)
