@@ -36,7 +36,7 @@ from hvdkeras import compat
 from hvdkeras.backends import sharded_optimizer
 from hvdkeras.backends.gradient_reduction import reduce_gradients, reduction_scaling
 from hvdkeras.backends.pass_accumulation import PassAccumulator
-from hvdkeras.engine import config, frameworks, process_sets, world
+from hvdkeras.engine import buckets, config, frameworks, process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Sum
 from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, shard_holder
@@ -181,11 +181,8 @@ def _overlap_wanted() -> bool:
     hosts: on one host the reduction is CPU work on the cores the backward pass
     uses (measured in docs/backends.md). The same answer on every rank, as the
     requests' names depend on it."""
-    mode = config.torch_backward_overlap()
-    if mode == "auto":
-        w = world.require()
-        return w.local_size < w.size
-    return mode == "on"
+    w = world.require()
+    return buckets.overlap_wanted(w.local_size, w.size, mode=config.torch_backward_overlap())
 
 
 def _pass_window(passes: int, average: bool) -> Any:

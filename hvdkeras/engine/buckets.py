@@ -80,8 +80,8 @@ def buckets(sizes: Sequence[int], dtypes: Sequence[str], limit: int = BUCKET_BYT
     return result
 
 
-def overlap_wanted(local_size: int, size: int,
-                   env: Optional[Mapping[str, str]] = None) -> bool:
+def overlap_wanted(local_size: int, size: int, env: Optional[Mapping[str, str]] = None,
+                   mode: Optional[str] = None) -> bool:
     """Whether gradients are reduced in buckets during the backward pass.
 
     `HVDKERAS_BACKWARD_OVERLAP`: "auto" (the default) when the ranks span
@@ -91,6 +91,8 @@ def overlap_wanted(local_size: int, size: int,
     it measured faster (docs/performance.md). "on" and "off" decide. The
     answer is the same on every rank (every rank of a multi-host job has
     fewer local ranks than ranks), as the requests' names depend on it.
+    `mode` ("auto", "on" or "off"), when given, is used instead of the
+    variable (the torch backend passes its own knob's).
 
     Example:
         >>> overlap_wanted(1, 2, env={})
@@ -98,7 +100,8 @@ def overlap_wanted(local_size: int, size: int,
         >>> overlap_wanted(2, 2, env={})
         False
     """
-    mode = config.backward_overlap(os.environ if env is None else env)
+    if mode is None:
+        mode = config.backward_overlap(os.environ if env is None else env)
     if mode == "auto":
         return local_size < size
     return mode == "on"
