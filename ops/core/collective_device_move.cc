@@ -34,6 +34,7 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
     Activity comm(ctx, batch, "NCCL_BCAST");
     s = ctx.device_comm->Broadcast(output, bytes, root);
     if (!s.ok()) return s;
+    ctx.device_comm_called = true;
     return ReleaseStreams(ctx, batch);
   }
   PackingPlan plan;
@@ -61,6 +62,7 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
     Activity comm(ctx, batch, "NCCL_BCAST");
     s = ctx.device_comm->Broadcast(buffer, plan.total_bytes, root);
     if (!s.ok()) return s;
+    ctx.device_comm_called = true;
   }
   if (!out.empty()) {
     Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
@@ -122,6 +124,7 @@ Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch
     Activity comm(ctx, batch, "NCCL_ALLGATHER");
     s = ctx.device_comm->Exchange(sends, recvs);
     if (!s.ok()) return s;
+    ctx.device_comm_called = true;
   }
   // A failed allocation fails the batch; the executor then releases the
   // streams (Executor::FinishFailedDeviceBatch).
@@ -169,6 +172,7 @@ Status RunDeviceAlltoall(ExecContext& ctx, PendingOp* op) {
     Activity comm(ctx, batch, "NCCL_ALLTOALL");
     s = ctx.device_comm->Exchange(sends, recvs);
     if (!s.ok()) return s;
+    ctx.device_comm_called = true;
   }
   // A failed allocation fails the batch; the executor then releases the
   // streams (Executor::FinishFailedDeviceBatch).

@@ -36,6 +36,7 @@ Status ReduceInFusedBuffer(ExecContext& ctx, const std::vector<PendingOp*>& batc
     Activity comm(ctx, batch, "NCCL_ALLREDUCE");
     s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
     if (!s.ok()) return s;
+    ctx.device_comm_called = true;
   }
   if (divisor != 1 || first.postscale != 1.0) {
     Activity scale(ctx, batch, "POSTSCALE");
@@ -92,6 +93,7 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
       Activity comm(ctx, batch, "NCCL_ALLREDUCE");
       s = ctx.device_comm->Allreduce(send, output, count, dtype, WireOp(first.reduce_op));
       if (!s.ok()) return s;
+      ctx.device_comm_called = true;
     }
     if (finalize && !t.neutral) {
       Activity scale(ctx, batch, "POSTSCALE");

@@ -50,6 +50,10 @@ struct ExecContext {
   Device* device = nullptr;
   DeviceCommunicator* device_comm = nullptr;
   DeviceLane device_lane{};
+  // Set once the batch's communicator call was made: a batch that fails
+  // before it leaves this rank's communicator a call behind the others'
+  // (Note [a failed GPU batch ends every rank] in device_session.h).
+  bool device_comm_called = false;
 };
 
 // Records an execution phase of every op in a batch on the timeline.

@@ -14,6 +14,7 @@ DeviceBackend& Registered() {
 }
 
 std::atomic<int> pinned_device{-1};
+std::atomic<int> last_used_device{-1};
 
 }  // namespace
 
@@ -26,6 +27,17 @@ const DeviceBackend* GetDeviceBackend() {
 void SetPinnedDevice(int device) { pinned_device.store(device); }
 
 int PinnedDevice() { return pinned_device.load(); }
+
+void NoteDeviceUsed(int device) {
+  if (device >= 0) last_used_device.store(device, std::memory_order_relaxed);
+}
+
+int DefaultDevice() {
+  const int pinned = pinned_device.load();
+  if (pinned >= 0) return pinned;
+  const int used = last_used_device.load();
+  return used >= 0 ? used : 0;
+}
 
 void DiscardReadyEvents(PendingOp* op) {
   Device* device = nullptr;

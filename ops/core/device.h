@@ -107,6 +107,10 @@ class Device {
   virtual Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
                              int64_t count) = 0;
   virtual Status Zero(const DeviceLane& where, void* data, int64_t bytes) = 0;
+  // Frees the lane `lane`'s stream and scratch memory on every GPU, after
+  // what they queued has finished: its engine (a removed process set) has
+  // stopped and will not use them again.
+  virtual void ReleaseLane(int lane) = 0;
 };
 
 // A part of a buffer sent to or received from one rank.
@@ -150,7 +154,10 @@ struct DeviceBackend {
   // broadcasts it) and then makes its communicator, collectively.
   Status (*new_unique_id)(std::string* id) = nullptr;
   // The communicator queues its work on the stream of the lane `where`.
+  // Neither making it nor any of its calls waits on the host for peers
+  // longer than `wait_seconds` (0: no bound); past it they fail.
   Status (*make_communicator)(const std::string& id, int rank, int size, const DeviceLane& where,
+                              double wait_seconds,
                               std::unique_ptr<DeviceCommunicator>* out) = nullptr;
   // What the backend was built with and which runtime libraries it finds,
   // as "name=value" lines, for `hvdkeras check`.
@@ -184,6 +191,14 @@ const DeviceBackend* GetDeviceBackend();
 // rank uses when its batch holds only a joined rank's stand-ins.
 void SetPinnedDevice(int device);
 int PinnedDevice();
+// The GPU a tensor of this process was last queued on (any process set),
+// remembered for ranks pinned by their framework alone
+// (tf.config.set_visible_devices, torch.cuda.set_device) without pin_gpu():
+// such a rank uses one GPU, so the last is also the first.
+void NoteDeviceUsed(int device);
+// The GPU for a batch that names none (a joined rank's stand-ins only): the
+// pinned one, else the one this process used, else 0.
+int DefaultDevice();
 // What is said when GPU work reaches a library without a backend.
 inline constexpr char kNoGpuPart[] = "this op library was built without GPU support";
 

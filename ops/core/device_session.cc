@@ -62,6 +62,8 @@ std::string SharedGpu(const std::vector<std::string>& identities) {
 }  // namespace
 
 Status DeviceSession::Prepare(const MpiContext& mpi, const std::vector<PendingOp*>& batch) {
+  // Note [a failed GPU batch ends every rank]: nothing more runs here.
+  if (!failure_.ok()) return failure_;
   int ordinal = -1;
   Status s = BatchOrdinal(mpi, batch, &ordinal);
   if (!s.ok()) return s;
@@ -78,8 +80,8 @@ Status DeviceSession::Prepare(const MpiContext& mpi, const std::vector<PendingOp
 
 Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
   // A batch of stand-ins alone (a joined rank) names no GPU: use the one
-  // this process was pinned to, not another rank's GPU 0.
-  const int use = ordinal >= 0 ? ordinal : std::max(PinnedDevice(), 0);
+  // this process was pinned to or has used, not another rank's GPU 0.
+  const int use = ordinal >= 0 ? ordinal : DefaultDevice();
   const DeviceBackend* backend = GetDeviceBackend();
   std::string problem;
   if (backend == nullptr) {
@@ -137,7 +139,8 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
   ordinal_ = use;
   // And once more after: a rank whose communicator failed must not leave
   // the others with one that waits for it at their first collective.
-  Status made = backend->make_communicator(id, mpi.rank(), mpi.size(), lane(), &comm_);
+  Status made =
+      backend->make_communicator(id, mpi.rank(), mpi.size(), lane(), wait_seconds_, &comm_);
   int32_t all_made = made.ok() ? 1 : 0;
   s = mpi.Allreduce(nullptr, &all_made, 1, DataType::kInt32, ReduceOp::kMin);
   if (!s.ok() || all_made == 0) {
@@ -159,11 +162,27 @@ Status DeviceSession::Health() {
   return s;
 }
 
+void DeviceSession::Fail(const Status& why) {
+  if (comm_) comm_->Abort();
+  comm_.reset();
+  if (failure_.ok()) {
+    failure_reason_ = why.message;
+    failure_ = Status::Error(StatusCode::kAborted,
+                             "GPU collectives stopped on this rank after one failed: " +
+                                 why.message);
+  }
+}
+
 void DeviceSession::Close(bool collective) {
   if (comm_ && !collective) comm_->Abort();
   comm_.reset();
+  // The engine has stopped: its lane's stream and scratch memory go too
+  // (a removed process set's would otherwise stay for the process's life).
+  if (device_ != nullptr) device_->ReleaseLane(lane_);
   device_ = nullptr;
   ordinal_ = -1;
+  failure_ = Status::OK();
+  failure_reason_.clear();
 }
 
 }  // namespace hvdkeras

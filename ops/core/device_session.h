@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -13,6 +14,35 @@
 #include "core/pending_op.h"
 
 namespace hvdkeras {
+
+// Note [a failed GPU batch ends every rank]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every rank's communicator must see the same calls in the same order. A
+// GPU batch that fails on one rank before its communicator call (scratch
+// growth out of memory, a kernel launch, the call itself, a peer that
+// never connected) leaves that rank one call behind: the others' kernels
+// wait for it, and its next call would pair with their previous one (a
+// wrong sum when the sizes match, a hang when they do not). So such a
+// failure aborts this rank's communicator at once and the session keeps
+// the reason: no later GPU batch of this engine runs. The engine reports it
+// in its next negotiation (a status bit and then every rank's reason,
+// negotiation.cc), and every rank ends its engine with an error naming the
+// failed ranks and aborts its own communicator, which frees the kernels
+// still waiting. A failure after the call (the average's scaling, copying
+// out) or an output the framework could not allocate (Note [a failed output
+// allocation still takes part] in collectives.h) keeps the calls in step
+// and fails only that batch.
+// The longest one communicator call (making it included) waits on the
+// host for its peers: Note [bounded NCCL calls] in ops/cuda. The ranks reach
+// an agreed call within moments of each other, so this needs far less than
+// the stall bound, which is sized for one rank's slow step; a stall bound
+// set lower lowers it too.
+constexpr double kDeviceWaitSeconds = 300.0;
+inline double DeviceWaitSeconds(double stall_shutdown_seconds) {
+  return stall_shutdown_seconds > 0 && stall_shutdown_seconds < kDeviceWaitSeconds
+             ? stall_shutdown_seconds
+             : kDeviceWaitSeconds;
+}
 
 class DeviceSession {
  public:
@@ -25,6 +55,10 @@ class DeviceSession {
 
   // The engine's lane id (its process set id), before the first batch.
   void set_lane(int lane) { lane_ = lane; }
+  // The longest a communicator call may wait on the host for its peers
+  // (Note [bounded NCCL calls] in ops/cuda; 0: no bound), before the first
+  // batch.
+  void set_wait_seconds(double seconds) { wait_seconds_ = seconds; }
 
   // Collective at the first GPU batch (every rank reaches it in the agreed
   // order): finds the device, readies this lane on it and makes the
@@ -37,6 +71,14 @@ class DeviceSession {
   // OK, or the error the communicator met on its own (a lost peer); on an
   // error the communicator is aborted and the session closed. No wait.
   Status Health();
+  // A batch failed with its communicator calls out of step with the other
+  // ranks': aborts the communicator now and refuses every later batch (Note
+  // [a failed GPU batch ends every rank]). The first reason is kept.
+  void Fail(const Status& why);
+  // OK, or why this rank's GPU collectives stopped (Fail), and the
+  // failure itself ("" when none), for the other ranks.
+  const Status& failure() const { return failure_; }
+  const std::string& failure_reason() const { return failure_reason_; }
 
   Device* device() const { return device_; }
   DeviceCommunicator* communicator() const { return comm_.get(); }
@@ -49,6 +91,9 @@ class DeviceSession {
   std::unique_ptr<DeviceCommunicator> comm_;
   int ordinal_ = -1;
   int lane_ = 0;
+  double wait_seconds_ = 0.0;
+  Status failure_;
+  std::string failure_reason_;
 };
 
 }  // namespace hvdkeras

@@ -210,13 +210,14 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
                    device_health.message);
     return false;
   }
-  // Note [device errors end the negotiation wait] in negotiation.cc.
+  // Note [device errors end the negotiation wait] in negotiation_wait.cc.
   auto health = [this] {
     Status s = executor_.DeviceHealth();
     if (!s.ok()) s.message = "the GPU communicator failed: " + s.message;
     return s;
   };
-  const CycleSignals signals{stop, timeline_.active(), tuning_.has_news(), health};
+  const CycleSignals signals{stop, timeline_.active(), tuning_.has_news(), health,
+                             executor_.DeviceFailure()};
   const bool waiting = !pending_.empty();
   activity_.Enter(EngineActivity::Phase::kNegotiating);
   Agreement agreement = negotiator_.Negotiate(pending_, signals, now);
@@ -228,6 +229,12 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   if (!agreement.error.ok()) {
     activity_.Leave();
     FailEverything("hvdkeras negotiation failed: " + agreement.error.message);
+    return false;
+  }
+  if (!agreement.device_failure.empty()) {
+    // Note [a failed GPU batch ends every rank] in device_session.h.
+    activity_.Leave();
+    FailEverything("hvdkeras stopped on every rank: " + agreement.device_failure);
     return false;
   }
   if (agreement.shutdown) {

@@ -70,7 +70,19 @@ Status PrepareDevice(PendingOp* op) {
                              (backend ? "no GPU is usable: " + why
                                       : std::string(kNoGpuPart)));
   }
-  for (TensorRef& t : op->tensors) {
+  // One ready event per framework stream and GPU, not per tensor: the
+  // engine stream waits for the first tensor's event of each stream, which
+  // covers every tensor queued on it before (a step's gradients arrive on
+  // one stream, so this is one event per op instead of hundreds).
+  for (size_t i = 0; i < op->tensors.size(); ++i) {
+    TensorRef& t = op->tensors[i];
+    NoteDeviceUsed(t.device);
+    bool covered = false;
+    for (size_t j = 0; j < i && !covered; ++j) {
+      const TensorRef& earlier = op->tensors[j];
+      covered = earlier.device == t.device && earlier.framework_stream == t.framework_stream;
+    }
+    if (covered) continue;
     Status s = device->RecordReady(t.device, t.framework_stream, &t.ready);
     if (!s.ok()) return s;
   }

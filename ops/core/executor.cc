@@ -63,6 +63,7 @@ std::string TensorArgs(const Request& r) {
 Status Executor::Open(MpiContext* mpi, const EngineConfig& config, int lane) {
   mpi_ = mpi;
   gpu_.set_lane(lane);
+  gpu_.set_wait_seconds(DeviceWaitSeconds(config.stall_shutdown_seconds));
   path_ = AllreducePath::kMpi;
   batches_run_ = 0;
   RingSetting ring_setting = RingSetting::kAuto;
@@ -141,7 +142,18 @@ Status Executor::ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingO
                            std::string(OpTypeName(batch[0]->request.op_type)) +
                                " has no GPU version");
   }
-  if (!s.ok()) FinishFailedDeviceBatch(ctx, batch);
+  if (!s.ok()) {
+    FinishFailedDeviceBatch(ctx, batch);
+    // Note [a failed GPU batch ends every rank] in device_session.h.
+    if (!ctx.device_comm_called) {
+      gpu_.Fail(Status::Error(s.code, "'" + batch[0]->request.name + "'" +
+                                          (batch.size() > 1 ? " (and " +
+                                                                  std::to_string(batch.size() - 1) +
+                                                                  " more)"
+                                                            : "") +
+                                          ": " + s.message));
+    }
+  }
   return s;
 }
 
@@ -158,6 +170,8 @@ void Executor::FinishFailedDeviceBatch(ExecContext& ctx, const std::vector<Pendi
 }
 
 Status Executor::DeviceHealth() { return gpu_.Health(); }
+
+const std::string& Executor::DeviceFailure() const { return gpu_.failure_reason(); }
 
 std::vector<Status> Executor::Execute(const std::vector<PendingOp*>& ready,
                                       int64_t fusion_threshold, Timeline* timeline) {

@@ -42,6 +42,9 @@ class Executor {
 
   // OK, or the error the GPU communicator met on its own (device_session.h).
   Status DeviceHealth();
+  // Why this rank's GPU collectives stopped ("" while they have not): Note
+  // [a failed GPU batch ends every rank] in device_session.h.
+  const std::string& DeviceFailure() const;
 
   // Runs `ready` in order, fused into batches of at most `fusion_threshold`
   // bytes; returns one status per op. `timeline` is null unless tracing.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "core/negotiation_wait.h"
 #include "core/scaling.h"
 
 namespace hvdkeras {
@@ -30,90 +32,13 @@ constexpr uint64_t kNoJoinedRank = 4;
 constexpr uint64_t kNoTimeline = 8;          // only rank 0
 constexpr uint64_t kNoCoordinatorNews = 16;  // only rank 0
 constexpr uint64_t kNoParamUpdate = 32;      // only rank 0
+constexpr uint64_t kNoDeviceFailure = 64;
 constexpr uint64_t kAllStatusBits = kNoUnsentRequests | kNoShutdownRequest | kNoJoinedRank |
-                                    kNoTimeline | kNoCoordinatorNews | kNoParamUpdate;
+                                    kNoTimeline | kNoCoordinatorNews | kNoParamUpdate |
+                                    kNoDeviceFailure;
 
-// Waits for a nonblocking MPI request without hogging a core: spin briefly
-// (the common case: the other ranks are already there), then yield, then
-// sleep for a small fraction of the time waited so far.
-//
-// Note [device errors end the negotiation wait]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A GPU communicator's asynchronous error (a lost peer) ends the engine of
-// every rank that sees it, at the start of a cycle (Engine::RunCycle). A rank
-// whose engine had already entered this cycle's negotiation would wait for
-// the ended ranks' status bits forever, so while sleeping here it asks
-// `health` too, and its error ends the wait and the engine the same way.
-Status WaitPolitely(MPI_Request* request, const std::function<Status()>& health) {
-  const auto start = Clock::now();
-  int done = 0;
-  while (true) {
-    int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return Status::Error(StatusCode::kUnknown, "MPI_Test failed");
-    if (done) return Status::OK();
-    const auto waited = Clock::now() - start;
-    if (waited < std::chrono::microseconds(50)) continue;
-    if (waited < std::chrono::milliseconds(1)) {
-      std::this_thread::yield();
-      continue;
-    }
-    if (health) {
-      Status s = health();
-      if (!s.ok()) return s;
-    }
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(waited / 20, std::chrono::microseconds(500)));
-  }
-}
-
-// Note [an abandoned negotiation keeps its buffer]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// MPI cannot cancel a collective. When a device error ends the wait above,
-// the status-bit allreduce stays in flight: the ranks that did enter it go
-// on sending their parts, and MPI's progress engine (run by any later MPI
-// call on any thread) writes them into this rank's buffer. Freeing that
-// buffer with the negotiation's locals corrupted the heap of the next
-// engine. So the request and its buffer move here, a list that outlives
-// every engine; each later negotiation drops the ones MPI has finished.
-struct AbandonedReduction {
-  MPI_Request request;
-  std::vector<uint64_t> buffer;  // moving a vector keeps its storage in place
-};
-
-std::mutex& AbandonedMutex() {
-  static std::mutex* mu = new std::mutex();  // never destroyed: see the Note
-  return *mu;
-}
-
-std::deque<AbandonedReduction>& Abandoned() {
-  static auto* list = new std::deque<AbandonedReduction>();
-  return *list;
-}
-
-// How many are listed: read without the lock, so a cycle with nothing to
-// reap (all but the rare ones after a device error) costs one atomic load.
-std::atomic<size_t> g_abandoned_count{0};
-
-void Abandon(MPI_Request request, std::vector<uint64_t>&& buffer) {
-  std::lock_guard<std::mutex> lock(AbandonedMutex());
-  Abandoned().push_back({request, std::move(buffer)});
-  g_abandoned_count.store(Abandoned().size());
-}
-
-void ReapAbandoned() {
-  if (g_abandoned_count.load() == 0) return;
-  std::lock_guard<std::mutex> lock(AbandonedMutex());
-  std::deque<AbandonedReduction>& list = Abandoned();
-  for (auto it = list.begin(); it != list.end();) {
-    int done = 0;
-    if (MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
-      it = list.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  g_abandoned_count.store(list.size());
-}
+// Each rank's GPU failure travels in a record of this size.
+constexpr int kFailureRecordBytes = 512;
 
 bool BitSet(const std::vector<uint64_t>& bits, size_t word, size_t bit) {
   return bits[word + bit / 64] & (uint64_t{1} << (bit % 64));
@@ -153,6 +78,7 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
   if (signals.tracing) bits[0] &= ~kNoTimeline;
   if (coordinator_ && (coordinator_->has_ready() || stall_due_)) bits[0] &= ~kNoCoordinatorNews;
   if (signals.params_changed) bits[0] &= ~kNoParamUpdate;
+  if (!signals.device_failure.empty()) bits[0] &= ~kNoDeviceFailure;
   for (size_t w = 0; w < words; ++w) bits[valid + w] = ~uint64_t{0};
   for (const auto& op : pending.all()) {
     if (op->sent) continue;
@@ -173,6 +99,11 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
   if (!agreement.error.ok()) {
     // Note [an abandoned negotiation keeps its buffer]
     if (request != MPI_REQUEST_NULL) Abandon(request, std::move(bits));
+    return agreement;
+  }
+  if (!(bits[0] & kNoDeviceFailure)) {
+    // Every rank saw the bit, so every rank makes this exchange.
+    agreement.device_failure = GatherDeviceFailures(signals.device_failure);
     return agreement;
   }
   if (!(bits[0] & kNoShutdownRequest)) {
@@ -231,6 +162,29 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
     }
   }
   return agreement;
+}
+
+std::string Negotiator::GatherDeviceFailures(const std::string& mine) {
+  std::string record = mine.substr(0, kFailureRecordBytes - 1);
+  record.resize(kFailureRecordBytes, '\0');
+  const int size = mpi_->size();
+  std::vector<char> all(static_cast<size_t>(kFailureRecordBytes) * size);
+  if (MPI_Allgather(record.data(), kFailureRecordBytes, MPI_CHAR, all.data(),
+                    kFailureRecordBytes, MPI_CHAR, mpi_->comm()) != MPI_SUCCESS) {
+    return "a GPU collective failed on some rank (their reasons could not be gathered)";
+  }
+  std::string ranks, reasons;
+  int failed = 0;
+  for (int r = 0; r < size; ++r) {
+    const char* text = all.data() + static_cast<size_t>(r) * kFailureRecordBytes;
+    const size_t length = strnlen(text, kFailureRecordBytes);
+    if (length == 0) continue;
+    ranks += (failed++ ? ", " : "") + std::to_string(r);
+    reasons += "; rank " + std::to_string(r) + ": " + std::string(text, length);
+  }
+  return "a GPU collective failed on rank" + std::string(failed > 1 ? "s " : " ") + ranks +
+         ", whose GPU communicator then fell out of step with the others', so every rank "
+         "stopped and aborted its own" + reasons;
 }
 
 void Negotiator::Classify(const PendingOps& pending, Clock::time_point now) {

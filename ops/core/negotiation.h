@@ -33,6 +33,9 @@ struct CycleSignals {
   // Asked while this rank waits for the others' status bits: an error ends
   // the wait (Note [device errors end the negotiation wait]). Null: none.
   std::function<Status()> health;
+  // Why this rank's GPU collectives stopped, "" when they have not (Note [a
+  // failed GPU batch ends every rank] in device_session.h).
+  std::string device_failure;
 };
 
 // What all ranks agreed on in a cycle.
@@ -41,6 +44,9 @@ struct Agreement {
   bool shutdown = false;        // some rank wants to stop: every rank leaves now
   bool params_update = false;   // rank 0 hands out new tuning values this cycle
   bool tracing = false;         // rank 0 records this cycle's negotiation
+  // Some rank's GPU collectives stopped: every rank ends, with this text
+  // naming those ranks and their reasons.
+  std::string device_failure;
   std::vector<PendingOp*> ready;  // to execute, in this order on every rank
   size_t cached_count = 0;        // ready[0, cached_count) came from the cache
   std::vector<std::pair<PendingOp*, Status>> failed;  // the ranks disagreed
@@ -75,6 +81,9 @@ class Negotiator {
   void Classify(const PendingOps& pending, Clock::time_point now);
   void SlowPath(const PendingOps& pending, bool joined_anywhere, Agreement* agreement);
   PendingOp* StandIn(const Response& response);
+  // Collective: every rank's device failure ("" for none), as one message
+  // naming the ranks that failed and why.
+  std::string GatherDeviceFailures(const std::string& mine);
 
   const MpiContext* mpi_ = nullptr;
   double stall_check_seconds_ = 0.0;

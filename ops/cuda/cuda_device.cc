@@ -1,6 +1,8 @@
 #include "cuda/cuda_device.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "core/scaling.h"
 
@@ -13,21 +15,30 @@ namespace {
 // not reallocate every step.
 constexpr int64_t kScratchGranule = int64_t{4} << 20;
 
-// Restores the calling thread's current GPU on scope exit: framework
-// threads record events on their own GPU's streams and must find their
-// current device as they left it.
+// How long a removed lane's stream may take to finish before its memory is
+// left to the process's end instead.
+constexpr double kLaneDrainSeconds = 10.0;
+
+// Restores the calling thread's current CUDA context on scope exit:
+// framework threads record events on their own GPU's streams and must find
+// their context as they left it. The context itself is saved, not the
+// device ordinal: cudaGetDevice answers 0 on a thread that never chose a
+// GPU, and restoring that with cudaSetDevice(0) would open a context on
+// GPU 0 in every process (about 0.5 GB each, and "device busy" for rank 0
+// under exclusive-process mode). Restoring no context costs nothing.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(const Runtime& rt) : rt_(rt) {
-    if (rt_.cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  explicit DeviceGuard(const Driver& driver) : driver_(driver) {
+    saved_ = driver_.cuCtxGetCurrent(&previous_) == CUDA_SUCCESS;
   }
   ~DeviceGuard() {
-    if (previous_ >= 0) rt_.cudaSetDevice(previous_);
+    if (saved_) driver_.cuCtxSetCurrent(previous_);
   }
 
  private:
-  const Runtime& rt_;
-  int previous_ = -1;
+  const Driver& driver_;
+  CUcontext previous_ = nullptr;
+  bool saved_ = false;
 };
 
 }  // namespace
@@ -139,7 +150,12 @@ Status CudaDevice::Enter(const DeviceLane& where, PerLane** lane) {
   if (!entry) {
     auto made = std::make_unique<PerLane>();
     made->gpu = &g;
-    s = Check(rt_->cudaStreamCreateWithFlags(&made->stream, cudaStreamNonBlocking),
+    // The greatest priority the GPU offers: collectives and their packing
+    // kernels go ahead of the framework's backward kernels queued at the
+    // default priority, so a step's reductions start as soon as they can.
+    int least = 0, greatest = 0;
+    if (rt_->cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) greatest = 0;
+    s = Check(rt_->cudaStreamCreateWithPriority(&made->stream, cudaStreamNonBlocking, greatest),
               "creating the engine stream");
     if (!s.ok()) return s;
     entry = std::move(made);
@@ -149,7 +165,7 @@ Status CudaDevice::Enter(const DeviceLane& where, PerLane** lane) {
 }
 
 Status CudaDevice::Prepare(const DeviceLane& where) {
-  DeviceGuard guard(*rt_);  // may run on a framework thread (pin_gpu)
+  DeviceGuard guard(*driver_);  // may run on a framework thread (pin_gpu)
   PerLane* lane = nullptr;
   return Enter(where, &lane);
 }
@@ -159,6 +175,47 @@ Status CudaDevice::EngineStream(const DeviceLane& where, cudaStream_t* stream) {
   Status s = Enter(where, &lane);
   if (s.ok()) *stream = lane->stream;
   return s;
+}
+
+bool CudaDevice::Drained(cudaStream_t stream, double seconds) const {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(seconds));
+  while (true) {
+    const cudaError_t e = rt_->cudaStreamQuery(stream);
+    if (e != cudaErrorNotReady) return e == cudaSuccess;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void CudaDevice::ReleaseLane(int lane) {
+  DeviceGuard guard(*driver_);  // the caller's context stays current
+  std::vector<std::unique_ptr<PerLane>> gone;
+  std::vector<int> devices;
+  {
+    std::lock_guard<std::mutex> lock(gpus_mu_);
+    for (auto it = lanes_.begin(); it != lanes_.end();) {
+      if (it->first.second == lane) {
+        devices.push_back(it->first.first);
+        gone.push_back(std::move(it->second));
+        it = lanes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (size_t i = 0; i < gone.size(); ++i) {
+    PerLane& l = *gone[i];
+    if (rt_->cudaSetDevice(devices[i]) != cudaSuccess) continue;
+    // The lane's engine has stopped and its communicator is gone, so what
+    // it queued ends soon; memory a stream might still use is left alone.
+    if (!Drained(l.stream, kLaneDrainSeconds)) continue;
+    for (ScratchBuffer& b : l.scratch) {
+      if (b.data != nullptr) rt_->cudaFree(b.data);
+    }
+    rt_->cudaStreamDestroy(l.stream);
+  }
 }
 
 Status CudaDevice::Synchronize(const DeviceLane& where) {
@@ -192,7 +249,7 @@ void CudaDevice::GiveEvent(PooledEvent* event) {
 }
 
 Status CudaDevice::RecordReady(int device, void* framework_stream, void** event) {
-  DeviceGuard guard(*rt_);
+  DeviceGuard guard(*driver_);
   Status s = Check(rt_->cudaSetDevice(device), "selecting the GPU");
   PooledEvent* e = nullptr;
   if (s.ok()) s = TakeEvent(device, &e);

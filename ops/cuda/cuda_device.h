@@ -46,6 +46,7 @@ class CudaDevice : public Device {
   Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
                      int64_t count) override;
   Status Zero(const DeviceLane& where, void* data, int64_t bytes) override;
+  void ReleaseLane(int lane) override;
 
   // The stream of the lane `where` (made on first use), for the communicator.
   Status EngineStream(const DeviceLane& where, cudaStream_t* stream);
@@ -74,6 +75,9 @@ class CudaDevice : public Device {
   CudaDevice(const Runtime* rt, const Driver* driver, int count)
       : rt_(rt), driver_(driver), count_(count) {}
   Status Check(cudaError_t result, const char* what) const;
+  // Whether `stream` finished everything queued within `seconds` (a bounded
+  // cudaStreamSynchronize).
+  bool Drained(cudaStream_t stream, double seconds) const;
   Status Grow(PerLane& lane, ScratchBuffer& buffer, int64_t bytes);
   // Makes `where.device` current on the calling thread and the lane ready.
   Status Enter(const DeviceLane& where, PerLane** lane);

@@ -23,11 +23,12 @@ namespace cuda {
   X(cudaEventDestroy) X(cudaStreamWaitEvent) X(cudaGetErrorString) X(cudaGetLastError)     \
   X(cudaRuntimeGetVersion) X(cudaDriverGetVersion) X(cudaDeviceGetAttribute)               \
   X(cudaDeviceGetPCIBusId) X(cudaMemcpyAsync) X(cudaEventElapsedTime) X(cudaEventSynchronize) \
-  X(cudaPointerGetAttributes)
+  X(cudaPointerGetAttributes) X(cudaStreamQuery) X(cudaDeviceGetStreamPriorityRange)          \
+  X(cudaStreamCreateWithPriority) X(cudaStreamDestroy)
 
 #define HVDKERAS_DRIVER_FUNCTIONS(X)                                                      \
   X(cuInit) X(cuDeviceGet) X(cuDeviceGetName) X(cuModuleLoadData) X(cuModuleGetFunction)   \
-  X(cuLaunchKernel) X(cuGetErrorString)
+  X(cuLaunchKernel) X(cuGetErrorString) X(cuCtxGetCurrent) X(cuCtxSetCurrent)
 
 #define HVDKERAS_NVRTC_FUNCTIONS(X)                                                       \
   X(nvrtcVersion) X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize)   \
@@ -37,7 +38,8 @@ namespace cuda {
 #define HVDKERAS_NCCL_FUNCTIONS(X)                                                        \
   X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy)              \
   X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclAllReduce) X(ncclBroadcast) X(ncclSend)  \
-  X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd) X(ncclGetErrorString)
+  X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd) X(ncclGetErrorString)                     \
+  X(ncclCommInitRankConfig) X(ncclCommFinalize)
 
 #define HVDKERAS_FUNCTION_POINTER(name) decltype(&::name) name = nullptr;
 

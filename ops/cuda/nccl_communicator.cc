@@ -1,6 +1,9 @@
 #include "cuda/nccl_communicator.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 namespace hvdkeras {
 namespace cuda {
@@ -47,17 +50,79 @@ std::string NcclVersionText(int code) {
          std::to_string(code % 100);
 }
 
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point After(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// Note [bounded NCCL calls]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Communicators are made non-blocking (ncclConfig_t.blocking = 0). A call
+// that has to wait for its peers on the host (making the communicator,
+// connecting two ranks at their first send and receive, ending a group)
+// then answers ncclInProgress instead of blocking, and the communicator's
+// state is polled until it settles, at most `wait_seconds` (the engine's
+// device_wait bound, core/device_session.cc). A peer that failed before
+// making the matching call, or that died, therefore costs this rank a
+// bounded wait and an error, and the engine's agreement then fails every
+// rank with the reason, instead of leaving ranks inside NCCL until the
+// watchdog. Ending the communicator is bounded the same way: the stream
+// must finish within the bound, or the communicator is aborted.
+Status Settle(const Nccl& nccl, ncclComm_t comm, ncclResult_t result, const char* what,
+              double wait_seconds) {
+  if (result != ncclInProgress) return NcclStatus(nccl, result, what);
+  const Clock::time_point deadline = After(wait_seconds);
+  int polls = 0;
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    Status s = NcclStatus(nccl, nccl.ncclCommGetAsyncError(comm, &state),
+                          "asking the communicator for its state");
+    if (!s.ok()) return s;
+    if (state != ncclInProgress) return NcclStatus(nccl, state, what);
+    if (wait_seconds > 0 && Clock::now() > deadline) {
+      return Status::Error(StatusCode::kAborted,
+                           std::string("hvdkeras NCCL: ") + what + " did not finish within " +
+                               std::to_string(static_cast<int>(wait_seconds)) +
+                               " s: a peer never made the matching call (it failed, or is "
+                               "gone)");
+    }
+    if (++polls < 100) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
 class NcclCommunicator : public DeviceCommunicator {
  public:
-  NcclCommunicator(const Nccl* nccl, CudaDevice* device, const DeviceLane& where,
-                   cudaStream_t stream, ncclComm_t comm)
-      : nccl_(nccl), device_(device), where_(where), stream_(stream), comm_(comm) {}
+  NcclCommunicator(const Nccl* nccl, const Runtime* rt, const DeviceLane& where,
+                   cudaStream_t stream, ncclComm_t comm, double wait_seconds)
+      : nccl_(nccl), rt_(rt), where_(where), stream_(stream), comm_(comm),
+        wait_seconds_(wait_seconds) {}
 
   ~NcclCommunicator() override {
     if (comm_ == nullptr) return;
-    // An orderly end: the queued work finishes before the communicator goes.
-    device_->Synchronize(where_);
-    nccl_->ncclCommDestroy(comm_);
+    // An orderly end, bounded (Note [bounded NCCL calls]): the queued work
+    // finishes, then the communicator is finalized and destroyed. A stream
+    // that does not finish (a peer skipped a call) or an error ends it with
+    // an abort instead, which also frees the kernels still waiting.
+    bool orderly = Finished();
+    if (orderly) {
+      orderly = Settle(*nccl_, comm_, nccl_->ncclCommFinalize(comm_), "finalizing the "
+                       "communicator", wait_seconds_).ok();
+    }
+    if (orderly) {
+      nccl_->ncclCommDestroy(comm_);
+    } else {
+      std::fprintf(stderr,
+                   "hvdkeras: WARNING: the NCCL communicator's work did not finish within %d s "
+                   "at shutdown; it was aborted\n",
+                   static_cast<int>(wait_seconds_));
+      nccl_->ncclCommAbort(comm_);
+    }
   }
 
   std::string Describe() const override {
@@ -71,41 +136,39 @@ class NcclCommunicator : public DeviceCommunicator {
     ncclDataType_t type;
     if (!NcclType(dtype, &type)) return Unsupported(dtype);
     if (count == 0) return Status::OK();
-    return NcclStatus(*nccl_,
-                      nccl_->ncclAllReduce(send, recv, static_cast<size_t>(count), type,
-                                           NcclOp(op), comm_, stream_),
-                      "allreduce");
+    return Settled(nccl_->ncclAllReduce(send, recv, static_cast<size_t>(count), type,
+                                        NcclOp(op), comm_, stream_),
+                   "allreduce");
   }
 
   Status Broadcast(void* data, int64_t bytes, int root) override {
     if (bytes == 0) return Status::OK();
-    return NcclStatus(*nccl_,
-                      nccl_->ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8,
-                                           root, comm_, stream_),
-                      "broadcast");
+    return Settled(nccl_->ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8,
+                                        root, comm_, stream_),
+                   "broadcast");
   }
 
   Status Exchange(const std::vector<DeviceSegment>& sends,
                   const std::vector<DeviceSegment>& recvs) override {
     if (sends.empty() && recvs.empty()) return Status::OK();
-    Status s = NcclStatus(*nccl_, nccl_->ncclGroupStart(), "starting a group");
+    Status s = Settled(nccl_->ncclGroupStart(), "starting a group");
     if (!s.ok()) return s;
     for (const DeviceSegment& seg : sends) {
       if (!s.ok()) break;
-      s = NcclStatus(*nccl_,
-                     nccl_->ncclSend(seg.data, static_cast<size_t>(seg.bytes), ncclUint8,
-                                     seg.rank, comm_, stream_),
-                     "send");
+      s = Settled(nccl_->ncclSend(seg.data, static_cast<size_t>(seg.bytes), ncclUint8, seg.rank,
+                                  comm_, stream_),
+                  "send");
     }
     for (const DeviceSegment& seg : recvs) {
       if (!s.ok()) break;
-      s = NcclStatus(*nccl_,
-                     nccl_->ncclRecv(seg.data, static_cast<size_t>(seg.bytes), ncclUint8,
-                                     seg.rank, comm_, stream_),
-                     "receive");
+      s = Settled(nccl_->ncclRecv(seg.data, static_cast<size_t>(seg.bytes), ncclUint8, seg.rank,
+                                  comm_, stream_),
+                  "receive");
     }
     // The group is always closed, even after a failed call inside it.
-    Status ended = NcclStatus(*nccl_, nccl_->ncclGroupEnd(), "ending a group");
+    // (Inside a group a non-blocking call answers ncclSuccess; the group's
+    // end is where the peers are connected and waited for.)
+    Status ended = Settled(nccl_->ncclGroupEnd(), "ending a group");
     return s.ok() ? ended : s;
   }
 
@@ -127,6 +190,24 @@ class NcclCommunicator : public DeviceCommunicator {
   }
 
  private:
+  Status Settled(ncclResult_t result, const char* what) {
+    return Settle(*nccl_, comm_, result, what, wait_seconds_);
+  }
+
+  // Whether the lane's stream finished its work within the bound, with no
+  // error from the communicator meanwhile.
+  bool Finished() {
+    if (rt_ == nullptr) return false;
+    const Clock::time_point deadline = After(wait_seconds_);
+    while (true) {
+      const cudaError_t e = rt_->cudaStreamQuery(stream_);
+      if (e != cudaErrorNotReady) return e == cudaSuccess;
+      if (!AsyncError().ok()) return false;
+      if (wait_seconds_ > 0 && Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
   Status Unsupported(DataType dtype) const {
     return Status::Error(StatusCode::kInvalidArgument,
                          std::string("NCCL cannot reduce ") + DataTypeName(dtype) +
@@ -134,10 +215,11 @@ class NcclCommunicator : public DeviceCommunicator {
   }
 
   const Nccl* nccl_;
-  CudaDevice* device_;
+  const Runtime* rt_;
   DeviceLane where_;
   cudaStream_t stream_;
   ncclComm_t comm_;
+  double wait_seconds_;
 };
 
 }  // namespace
@@ -155,11 +237,12 @@ Status NewNcclId(std::string* id) {
 }
 
 Status MakeNcclCommunicator(const std::string& id, int rank, int size, const DeviceLane& where,
-                            std::unique_ptr<DeviceCommunicator>* out) {
+                            double wait_seconds, std::unique_ptr<DeviceCommunicator>* out) {
   std::string why;
   const Nccl* nccl = LoadNccl(&why);
   CudaDevice* cuda = nccl ? CudaDevice::Get(&why) : nullptr;
-  if (nccl == nullptr || cuda == nullptr) {
+  const Runtime* rt = cuda ? LoadRuntime(&why) : nullptr;
+  if (nccl == nullptr || cuda == nullptr || rt == nullptr) {
     return Status::Error(StatusCode::kPreconditionError, "hvdkeras NCCL: " + why);
   }
   ncclUniqueId unique;
@@ -170,10 +253,19 @@ Status MakeNcclCommunicator(const std::string& id, int rank, int size, const Dev
   cudaStream_t stream = nullptr;
   Status s = cuda->EngineStream(where, &stream);  // also makes its GPU current
   if (!s.ok()) return s;
+  // Non-blocking, so that a rank failing inside its own init cannot hold
+  // the others in theirs: Note [bounded NCCL calls].
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   ncclComm_t comm = nullptr;
-  s = NcclStatus(*nccl, nccl->ncclCommInitRank(&comm, size, unique, rank),
-                 "making the communicator");
-  if (s.ok()) out->reset(new NcclCommunicator(nccl, cuda, where, stream, comm));
+  s = Settle(*nccl, comm,
+             nccl->ncclCommInitRankConfig(&comm, size, unique, rank, &config),
+             "making the communicator", wait_seconds);
+  if (s.ok()) {
+    out->reset(new NcclCommunicator(nccl, rt, where, stream, comm, wait_seconds));
+  } else if (comm != nullptr) {
+    nccl->ncclCommAbort(comm);
+  }
   return s;
 }
 

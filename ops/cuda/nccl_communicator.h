@@ -16,9 +16,11 @@ namespace cuda {
 // Rank 0's half of making a communicator: a fresh id, as bytes.
 Status NewNcclId(std::string* id);
 
-// Every rank calls this with the id rank 0 made; it returns once all have.
+// Every rank calls this with the id rank 0 made; it returns once all have,
+// or with an error after `wait_seconds` (Note [bounded NCCL calls]; 0: no
+// bound). The communicator's calls keep that bound.
 Status MakeNcclCommunicator(const std::string& id, int rank, int size, const DeviceLane& where,
-                            std::unique_ptr<DeviceCommunicator>* out);
+                            double wait_seconds, std::unique_ptr<DeviceCommunicator>* out);
 
 // "NCCL 2.27.7 (built with 2.27.7)", or why NCCL cannot be loaded.
 std::string DescribeNccl();

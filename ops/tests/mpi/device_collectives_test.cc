@@ -99,6 +99,8 @@ class HostDevice : public hvdkeras::Device {
     std::memset(data, 0, bytes);
     return Status::OK();
   }
+  void ReleaseLane(int) override {}
+
   static std::string Name(void* stream) { return std::to_string(reinterpret_cast<intptr_t>(stream)); }
 
  private:

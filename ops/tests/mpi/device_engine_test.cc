@@ -80,6 +80,10 @@ void Log(const std::string& line) {
   std::lock_guard<std::mutex> lock(g_log_mu);
   g_log.push_back(line);
 }
+void ClearLog() {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_log.clear();
+}
 size_t Find(const std::string& line) {
   std::lock_guard<std::mutex> lock(g_log_mu);
   for (size_t i = 0; i < g_log.size(); ++i) {
@@ -171,6 +175,13 @@ class LaneDevice : public hvdkeras::Device {
     std::memset(data, 0, bytes);
     return Use(where);
   }
+  void ReleaseLane(int lane) override {
+    Log("release lane " + std::to_string(lane));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = scratch_.begin(); it != scratch_.end();) {
+      it = it->first.second == lane ? scratch_.erase(it) : std::next(it);
+    }
+  }
 
   // Lanes whose scratch buffers another lane used too (none is allowed).
   std::vector<void*> SharedBuffers() {
@@ -221,22 +232,30 @@ std::map<int, MPI_Comm>& LaneComms() {
   return comms;
 }
 
+// Like NCCL's, the stand-in's calls return without waiting for a peer that
+// never makes the matching call: each waits briefly for its MPI requests
+// (a healthy peer answers within milliseconds), and past that leaves them
+// "on the stream" unfinished, as a GPU kernel waiting for a failed peer
+// would be, and returns. Each communicator has an MPI communicator of its
+// own, so requests left behind never meet a later communicator's.
 class LaneCommunicator : public hvdkeras::DeviceCommunicator {
  public:
-  explicit LaneCommunicator(MPI_Comm comm) : comm_(comm) {}
+  explicit LaneCommunicator(MPI_Comm base) { MPI_Comm_dup(base, &comm_); }
   std::string Describe() const override { return "MPI lane stand-in"; }
   Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
                    ReduceOp op) override {
     if (Failing("allreduce")) return Injected("the communicator's allreduce");
     if (send != recv) std::memcpy(recv, send, count * hvdkeras::DataTypeSize(dtype));
     MPI_Datatype type = dtype == DataType::kFloat32 ? MPI_FLOAT : MPI_INT32_T;
-    MPI_Allreduce(MPI_IN_PLACE, recv, static_cast<int>(count), type,
-                  op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, comm_);
-    return Status::OK();
+    std::vector<MPI_Request> requests(1);
+    MPI_Iallreduce(MPI_IN_PLACE, recv, static_cast<int>(count), type,
+                   op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, comm_, &requests[0]);
+    return Complete(std::move(requests));
   }
   Status Broadcast(void* data, int64_t bytes, int root) override {
-    MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_);
-    return Status::OK();
+    std::vector<MPI_Request> requests(1);
+    MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &requests[0]);
+    return Complete(std::move(requests));
   }
   Status Exchange(const std::vector<DeviceSegment>& sends,
                   const std::vector<DeviceSegment>& recvs) override {
@@ -249,8 +268,7 @@ class LaneCommunicator : public hvdkeras::DeviceCommunicator {
       requests.emplace_back();
       MPI_Irecv(r.data, static_cast<int>(r.bytes), MPI_BYTE, r.rank, 7, comm_, &requests.back());
     }
-    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-    return Status::OK();
+    return Complete(std::move(requests));
   }
   Status AsyncError() override {
     return Failing("async") ? Injected("the communicator (a lost peer)") : Status::OK();
@@ -258,7 +276,20 @@ class LaneCommunicator : public hvdkeras::DeviceCommunicator {
   void Abort() override { Log("abort"); }
 
  private:
-  MPI_Comm comm_;
+  Status Complete(std::vector<MPI_Request> requests) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    int done = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                  MPI_STATUSES_IGNORE);
+      if (done) return Status::OK();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    Log("left on the stream");
+    return Status::OK();
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
 const bool kRegistered = [] {
@@ -269,7 +300,7 @@ const bool kRegistered = [] {
     *id = "stand-in id";
     return Status::OK();
   };
-  backend.make_communicator = [](const std::string&, int, int, const DeviceLane& where,
+  backend.make_communicator = [](const std::string&, int, int, const DeviceLane& where, double,
                                  std::unique_ptr<hvdkeras::DeviceCommunicator>* out) {
     out->reset(new LaneCommunicator(LaneComms().at(where.lane)));
     return Status::OK();
@@ -571,10 +602,86 @@ TEST(AJoinedRanksFirstGpuBatchUsesItsPinnedGpu) {
   CHECK(TheDevice().DevicesUsed().count(1) == 1);
 }
 
+TEST(AGpuBatchFailingOnOneRankEndsEveryRankWithTheReason) {
+  // Note [a failed GPU batch ends every rank] in core/device_session.h: the
+  // last rank's fused batch fails at scratch growth, before its
+  // communicator call, while the others make theirs.
+  Engines engines;
+  const bool failing = Rank() == Size() - 1;
+  Op warm;
+  CHECK(hvdkeras::EnqueueAllreduce("batch.warm", {warm.Ref(8, 1.0f, FakeStream(4))},
+                                   ReduceOp::kSum, 1.0, 1.0, 0, warm.Done("batch.warm"))
+            .ok());
+  CHECK(warm.Wait().ok());
+  // A collective of this rank alone stays pending until the engine ends.
+  Op waiting;
+  const std::string alone = "batch.alone." + std::to_string(Rank());
+  CHECK(hvdkeras::EnqueueAllreduce(alone, {waiting.Ref(8, 1.0f, FakeStream(4))}, ReduceOp::kSum,
+                                   1.0, 1.0, 0, waiting.Done(alone))
+            .ok());
+  SetFailing("scratch", failing);
+  Op a, b;
+  CHECK(hvdkeras::EnqueueAllreduce("batch.fused",
+                                   {a.Ref(1 << 16, 1.0f, FakeStream(4)),
+                                    b.Ref(3, 1.0f, FakeStream(4))},
+                                   ReduceOp::kSum, 1.0, 1.0, 0, a.Done("batch.fused"))
+            .ok());
+  const Status fused = a.Wait();
+  SetFailing("scratch", false);
+  if (failing) {
+    CHECK(!fused.ok());
+    CHECK(fused.message.find("injected failure in scratch growth") != std::string::npos);
+  }
+  const Status s = waiting.Wait();
+  CHECK(!s.ok());
+  const std::string culprit = "a GPU collective failed on rank " + std::to_string(Size() - 1);
+  CHECK(s.message.find(culprit) != std::string::npos);
+  CHECK(s.message.find("'batch.fused'") != std::string::npos);
+  CHECK(s.message.find("injected failure in scratch growth") != std::string::npos);
+  for (int i = 0; i < 300 && hvdkeras::Engine::Instance().running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(!hvdkeras::Engine::Instance().running());
+  CHECK(Find("abort") != std::string::npos);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(AStandInOnlyBatchUsesTheGpuTheProcessUsedWithoutPinning) {
+  // Ranks pinned by their framework alone (no pin_gpu()): an engine whose
+  // first GPU batch holds only a joined rank's stand-ins takes the GPU this
+  // process queued its tensors on (here in process set 1), not GPU 0.
+  Engines engines;
+  ClearLog();
+  const bool joins = Rank() == Size() - 1;
+  Op first;
+  TensorRef ref = first.Ref(8, 1.0f, FakeStream(6));
+  ref.device = 1;
+  CHECK(hvdkeras::EnqueueAllreduce("unpinned.set", {ref}, ReduceOp::kSum, 1.0, 1.0, 1,
+                                   first.Done("unpinned.set"))
+            .ok());
+  CHECK(first.Wait().ok());
+  int32_t last = -1;
+  Op join, op;
+  if (joins) {
+    CHECK(hvdkeras::EnqueueJoin("hvdkeras.join", &last, join.Done("join")).ok());
+  } else {
+    TensorRef global = op.Ref(8, 1.0f, FakeStream(6));
+    global.device = 1;
+    CHECK(hvdkeras::EnqueueAllreduce("unpinned.global", {global}, ReduceOp::kSum, 1.0, 1.0, 0,
+                                     op.Done("unpinned.global"))
+              .ok());
+    CHECK(op.Wait().ok());
+    CHECK(hvdkeras::EnqueueJoin("hvdkeras.join", &last, join.Done("join")).ok());
+  }
+  CHECK(join.Wait().ok());
+  CHECK(Find("prepare 1 0") != std::string::npos);
+  CHECK(Find("prepare 0 0") == std::string::npos);
+}
+
 TEST(ANegotiationEndedByADeviceErrorKeepsItsBufferForTheLateRanks) {
   // Rank 0's wait for the status bits ends at once on a device error while
   // the other ranks are still on their way; they send their bits later.
-  // See Note [an abandoned negotiation keeps its buffer] in negotiation.cc.
+  // See Note [an abandoned negotiation keeps its buffer] in negotiation_wait.cc.
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   hvdkeras::MpiContext mpi;
