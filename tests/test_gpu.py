@@ -16,8 +16,11 @@ GPU:
   train like one process on the global batch, with fp16/bf16 compression;
 - the bandwidth probe (examples/gpu_bandwidth_probe.py) runs and prints its
   ratios (the numbers are for reading, not asserted);
-- a peer killed while the other rank reduces on its GPU ends the job within
-  the stall bound (tests/scripts/gpu_peer_death.py).
+- a peer killed while the other rank is inside a large NCCL allreduce ends
+  the job within the stall bound (tests/scripts/gpu_peer_death.py);
+- process sets on the GPU (tests/parallel/test_process_sets.py).
+A host whose driver shows GPUs fails these tests when the op library cannot
+use them (a CPU-only build), rather than skipping.
 Two ranks need two GPUs.
 """
 
@@ -31,13 +34,15 @@ from pathlib import Path
 import pytest
 
 from hvdkeras.engine import c_api, library
+from hvdkeras.gpu import nvml
 from mpi_runner import (TEST_DEVICE, assert_every_rank_passed, describe, run_pytest_under_mpi,
                         run_under_mpi)
 
 TESTS = Path(__file__).resolve().parent
 PER_RANK_FILES = [TESTS / "parallel" / name for name in (
     "gpu_ops.py", "test_allreduce.py", "test_allreduce_large.py", "test_broadcast.py",
-    "test_gather_scatter.py", "test_gradients.py", "test_join.py", "test_xla.py")] + [
+    "test_gather_scatter.py", "test_gradients.py", "test_join.py", "test_process_sets.py",
+    "test_xla.py")] + [
     TESTS / "keras_parallel" / name for name in ("test_equivalence.py", "test_compression.py",
                                                  "test_xla_training.py")]
 TIMEOUT_S = 420
@@ -46,9 +51,18 @@ GPU_ENV = {TEST_DEVICE: "GPU", "HVDKERAS_STALL_SHUTDOWN_SECONDS": "60", "HVDKERA
 
 
 def _gpus() -> int:
-    """GPUs the op library can use here; skips the test with the reason if none."""
+    """GPUs the op library can use here; skips the test with the reason if none.
+
+    A machine whose driver shows GPUs (NVML) while the library cannot use
+    them (built without its GPU part, or a runtime it cannot load) fails
+    instead: a silent CPU-only build must not pass as "no GPU here".
+    """
     count, description = c_api.gpu_probe(library.handle())
     if count < 1:
+        physical = nvml.device_count()
+        if physical > 0:
+            pytest.fail(f"NVML sees {physical} GPU(s) but the op library cannot use them: "
+                        f"{description}")
         pytest.skip(f"no GPU test here: {description}")
     return count
 

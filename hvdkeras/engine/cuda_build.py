@@ -26,8 +26,10 @@ from typing import Iterable, Mapping
 ENV_VARIABLE = "HVDKERAS_CUDA"
 GENERATED_SOURCES_NAME = "cuda_kernel_sources.inc"
 KERNEL_SOURCE = Path("cuda") / "kernels.cu"
-# The NVIDIA wheels whose lib/ folders hold what the GPU part loads.
-RUNTIME_WHEELS = ("cuda_runtime", "cuda_nvrtc", "nccl")
+# The NVIDIA wheels whose lib/ folders hold what the GPU part loads: CUDA 12's
+# one folder per wheel (TensorFlow's), and CUDA 13's shared nvidia/cu13 (what
+# current PyTorch and JAX wheels install).
+RUNTIME_WHEELS = ("cuda_runtime", "cuda_nvrtc", "nccl", "cu13")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 _RAW_DELIMITER = "hvdkeras_source"
 # Where CUDA toolkits live when $CUDA_HOME / $CUDA_PATH do not say.

@@ -26,7 +26,8 @@ std::string BuildInfo() {
   if (nvrtc != nullptr) nvrtc->nvrtcVersion(&major, &minor);
   info += "nvrtc=" + (nvrtc ? std::to_string(major) + "." + std::to_string(minor)
                             : "not loadable (" + why + ")") + "\n";
-  const std::string runtime = LoadedFrom("libcudart.so.12");
+  std::string runtime = LoadedFrom("libcudart.so.12");
+  if (runtime.empty()) runtime = LoadedFrom("libcudart.so.13");
   if (!runtime.empty()) info += "cudart_path=" + runtime + "\n";
   const std::string nccl = LoadedFrom("libnccl.so.2");
   if (!nccl.empty()) info += "nccl_path=" + nccl + "\n";

@@ -13,10 +13,24 @@ namespace cuda {
 
 namespace {
 
-constexpr const char* kRuntimeName = "libcudart.so.12";
-constexpr const char* kDriverName = "libcuda.so.1";
-constexpr const char* kNvrtcName = "libnvrtc.so.12";
-constexpr const char* kNcclName = "libnccl.so.2";
+// Each library's names, the one preferred first. CUDA 12 is what
+// TensorFlow's wheels use; CUDA 13 is what current PyTorch and JAX wheels
+// bring (the functions used here kept their signatures). A process that
+// already loaded one (its framework's) keeps it, whatever the order.
+constexpr const char* kRuntimeNames = "libcudart.so.12:libcudart.so.13";
+constexpr const char* kDriverNames = "libcuda.so.1";
+constexpr const char* kNvrtcNames = "libnvrtc.so.12:libnvrtc.so.13";
+constexpr const char* kNcclNames = "libnccl.so.2";
+
+std::vector<std::string> Split(const std::string& names) {
+  std::vector<std::string> out;
+  std::stringstream in(names);
+  std::string name;
+  while (std::getline(in, name, ':')) {
+    if (!name.empty()) out.push_back(name);
+  }
+  return out;
+}
 
 std::mutex& LoaderMutex() {
   static std::mutex mu;
@@ -28,17 +42,27 @@ std::vector<std::string>& LibraryDirs() {
   return dirs;
 }
 
-// A library the process already has (TensorFlow's own), else the first
-// found in the given directories, else the dynamic loader's search.
-void* Open(const char* soname, std::string* why) {
-  if (void* loaded = dlopen(soname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD)) return loaded;
-  for (const std::string& dir : LibraryDirs()) {
-    const std::string path = dir + "/" + soname;
-    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) return handle;
+// A library the process already has (its framework's own) under any of
+// its names, else the first found in the given directories, else the
+// dynamic loader's search, each name in turn.
+void* Open(const char* sonames, std::string* why) {
+  const std::vector<std::string> names = Split(sonames);
+  for (const std::string& name : names) {
+    if (void* loaded = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD)) return loaded;
   }
-  if (void* handle = dlopen(soname, RTLD_NOW | RTLD_GLOBAL)) return handle;
-  const char* error = dlerror();
-  *why = std::string(soname) + " was not found (" + (error ? error : "no reason given") + ")";
+  for (const std::string& name : names) {
+    for (const std::string& dir : LibraryDirs()) {
+      const std::string path = dir + "/" + name;
+      if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) return handle;
+    }
+  }
+  std::string errors;
+  for (const std::string& name : names) {
+    if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL)) return handle;
+    const char* error = dlerror();
+    errors += (errors.empty() ? "" : "; ") + std::string(error ? error : name + ": not found");
+  }
+  *why = std::string(sonames) + " not found (" + errors + ")";
   return nullptr;
 }
 
@@ -93,14 +117,14 @@ void SetLibraryDirs(const std::string& dirs) {
 }
 
 const Runtime* LoadRuntime(std::string* why) {
-  return LoadOnce<Runtime>(kRuntimeName, why, [](void* handle, Runtime* t, std::string* missing) {
+  return LoadOnce<Runtime>(kRuntimeNames, why, [](void* handle, Runtime* t, std::string* missing) {
     HVDKERAS_RUNTIME_FUNCTIONS(HVDKERAS_FIND)
     HVDKERAS_RUNTIME_OVERLOADED(HVDKERAS_FIND_TYPED)
   });
 }
 
 const Driver* LoadDriver(std::string* why) {
-  return LoadOnce<Driver>(kDriverName, why, [](void* handle, Driver* t, std::string* missing) {
+  return LoadOnce<Driver>(kDriverNames, why, [](void* handle, Driver* t, std::string* missing) {
     HVDKERAS_DRIVER_FUNCTIONS(HVDKERAS_FIND)
   });
 }
@@ -136,14 +160,14 @@ void PreloadNvrtcBuiltins(void* nvrtc) {
 }  // namespace
 
 const Nvrtc* LoadNvrtc(std::string* why) {
-  return LoadOnce<Nvrtc>(kNvrtcName, why, [](void* handle, Nvrtc* t, std::string* missing) {
+  return LoadOnce<Nvrtc>(kNvrtcNames, why, [](void* handle, Nvrtc* t, std::string* missing) {
     HVDKERAS_NVRTC_FUNCTIONS(HVDKERAS_FIND)
     if (missing->empty()) PreloadNvrtcBuiltins(handle);
   });
 }
 
 const Nccl* LoadNccl(std::string* why) {
-  return LoadOnce<Nccl>(kNcclName, why, [](void* handle, Nccl* t, std::string* missing) {
+  return LoadOnce<Nccl>(kNcclNames, why, [](void* handle, Nccl* t, std::string* missing) {
     HVDKERAS_NCCL_FUNCTIONS(HVDKERAS_FIND)
   });
 }

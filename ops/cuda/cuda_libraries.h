@@ -24,11 +24,12 @@ namespace cuda {
   X(cudaRuntimeGetVersion) X(cudaDriverGetVersion) X(cudaDeviceGetAttribute)               \
   X(cudaDeviceGetPCIBusId) X(cudaMemcpyAsync) X(cudaEventElapsedTime) X(cudaEventSynchronize) \
   X(cudaPointerGetAttributes) X(cudaStreamQuery) X(cudaDeviceGetStreamPriorityRange)          \
-  X(cudaStreamCreateWithPriority) X(cudaStreamDestroy)
+  X(cudaStreamCreateWithPriority) X(cudaStreamDestroy) X(cudaStreamGetPriority)
 
 #define HVDKERAS_DRIVER_FUNCTIONS(X)                                                      \
   X(cuInit) X(cuDeviceGet) X(cuDeviceGetName) X(cuModuleLoadData) X(cuModuleGetFunction)   \
-  X(cuLaunchKernel) X(cuGetErrorString) X(cuCtxGetCurrent) X(cuCtxSetCurrent)
+  X(cuLaunchKernel) X(cuGetErrorString) X(cuCtxGetCurrent) X(cuCtxSetCurrent)                \
+  X(cuDevicePrimaryCtxGetState)
 
 #define HVDKERAS_NVRTC_FUNCTIONS(X)                                                       \
   X(nvrtcVersion) X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize)   \
