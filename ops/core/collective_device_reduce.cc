@@ -136,16 +136,23 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
   if (!s.ok()) return s;
   std::vector<DeviceCopy> out;
   Status allocated;  // Note [a failed output allocation still takes part]
+  bool allocated_now = false;
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRef& t = *tensors[i];
     int64_t start = 0;
     for (int r = 0; r < me; ++r) start += ScatterRows(t.shape[0], size, r);
     const int64_t rows = ScatterRows(t.shape[0], size, me);
     if (t.neutral) continue;  // a joined rank's stand-in keeps nothing
-    void* output = nullptr;
-    s = t.allocate_output(WithRows(t.shape, rows), &output);
+    // Bindings allocate the output when the op is queued (its rows are
+    // known then); one that did not leaves it to now.
+    void* output = t.output;
+    if (output == nullptr && t.allocate_output) {
+      s = t.allocate_output(WithRows(t.shape, rows), &output);
+      allocated_now = true;
+    }
     if (!s.ok()) {
       if (allocated.ok()) allocated = s;
+      s = Status::OK();
       continue;
     }
     const int64_t row_elements = RowBytes(t.shape, dtype) / element;
@@ -154,7 +161,7 @@ Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& b
                      rows * row_elements});
     }
   }
-  s = WaitForNewOutputs(ctx, batch);
+  if (allocated_now) s = WaitForNewOutputs(ctx, batch);
   if (s.ok()) s = ReduceInFusedBuffer(ctx, batch, tensors, plan, buffer);
   if (!s.ok()) return s;
   if (!out.empty()) {

@@ -1,6 +1,9 @@
 #include "core/device.h"
 
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
 
 #include "core/pending_op.h"
 
@@ -37,6 +40,30 @@ int DefaultDevice() {
   if (pinned >= 0) return pinned;
   const int used = last_used_device.load();
   return used >= 0 ? used : 0;
+}
+
+namespace {
+std::mutex lanes_mu;
+std::map<int, std::set<int>>& CommunicatorLanes() {
+  static auto* lanes = new std::map<int, std::set<int>>();  // outlives every engine
+  return *lanes;
+}
+}  // namespace
+
+std::vector<int> AddCommunicatorLane(int device, int lane) {
+  std::lock_guard<std::mutex> lock(lanes_mu);
+  std::set<int>& on_gpu = CommunicatorLanes()[device];
+  std::vector<int> others;
+  for (int other : on_gpu) {
+    if (other != lane) others.push_back(other);
+  }
+  on_gpu.insert(lane);
+  return others;
+}
+
+void RemoveCommunicatorLane(int device, int lane) {
+  std::lock_guard<std::mutex> lock(lanes_mu);
+  CommunicatorLanes()[device].erase(lane);
 }
 
 void DiscardReadyEvents(PendingOp* op) {

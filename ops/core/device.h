@@ -199,6 +199,24 @@ void NoteDeviceUsed(int device);
 // The GPU for a batch that names none (a joined rank's stand-ins only): the
 // pinned one, else the one this process used, else 0.
 int DefaultDevice();
+// Note [process sets sharing a GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each process set's engine makes its own communicator on its own lane
+// (Note [device lanes]), and the sets' engines agree on their own orders,
+// so two sets' NCCL kernels on one GPU are not ordered against each other,
+// and they may be launched in different orders on different ranks. NCCL
+// documents that as unsafe: where the two kernels cannot both be resident
+// on the GPU, each rank's first kernel waits for a peer whose GPU runs the
+// other one first. No order hvdkeras could impose would be the same on every
+// rank, so it is the user's to keep (docs/gpus.md): a set's GPU collectives
+// must not overlap another set's on the same GPU. The first time a second
+// set makes a communicator on a GPU, rank 0 of that set says so once.
+//
+// Registers lane `lane`'s communicator on GPU `device` and returns the
+// other lanes that have one there; RemoveCommunicatorLane undoes it.
+std::vector<int> AddCommunicatorLane(int device, int lane);
+void RemoveCommunicatorLane(int device, int lane);
+
 // What is said when GPU work reaches a library without a backend.
 inline constexpr char kNoGpuPart[] = "this op library was built without GPU support";
 

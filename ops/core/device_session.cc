@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -152,6 +154,17 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
     return made.ok() ? Refused("another rank could not make its communicator (see its error)")
                      : Refused("on rank " + std::to_string(mpi.rank()) + ", " + made.message);
   }
+  const std::vector<int> others = AddCommunicatorLane(ordinal_, lane_);
+  static std::atomic<bool> warned{false};
+  if (!others.empty() && mpi.rank() == 0 && !warned.exchange(true)) {
+    // Note [process sets sharing a GPU] in device.h.
+    std::fprintf(stderr,
+                 "hvdkeras: WARNING: process set %d now runs NCCL collectives on GPU %d beside "
+                 "process set %d; NCCL does not order two communicators' kernels, so keep the "
+                 "sets' GPU collectives from overlapping in time (docs/gpus.md, \"Process sets "
+                 "on GPUs\")\n",
+                 lane_, ordinal_, others[0]);
+  }
   return Status::OK();
 }
 
@@ -163,7 +176,10 @@ Status DeviceSession::Health() {
 }
 
 void DeviceSession::Fail(const Status& why) {
-  if (comm_) comm_->Abort();
+  if (comm_) {
+    comm_->Abort();
+    RemoveCommunicatorLane(ordinal_, lane_);
+  }
   comm_.reset();
   if (failure_.ok()) {
     failure_reason_ = why.message;
@@ -175,6 +191,7 @@ void DeviceSession::Fail(const Status& why) {
 
 void DeviceSession::Close(bool collective) {
   if (comm_ && !collective) comm_->Abort();
+  if (comm_) RemoveCommunicatorLane(ordinal_, lane_);
   comm_.reset();
   // The engine has stopped: its lane's stream and scratch memory go too
   // (a removed process set's would otherwise stay for the process's life).

@@ -70,6 +70,10 @@ class Engine {
   void Stop();
 
   bool running() { return queue_.running(); }
+  // This rank's place in the engine's set and the set's size (fixed from
+  // Start to Stop).
+  int rank() const { return mpi_.rank(); }
+  int size() const { return mpi_.size(); }
 
   // Any thread. Fails when not running or when the name is in flight; a
   // refused op is left with the caller.

@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "core/collectives.h"
 #include "core/device.h"
 #include "core/engine.h"
 
@@ -230,6 +231,22 @@ Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tens
   if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
     return Invalid("reducescatter '" + name + "' supports only Sum and Average, not " +
                    ReduceOpName(op));
+  }
+  // A GPU output's shape is known now (this rank's rows), so it is
+  // allocated here, on the framework's thread, as allreduce's are: the
+  // engine then writes it without first waiting for everything the
+  // framework queued on its stream since (Note [stream order] in device.h).
+  Engine* engine = Engine::ForSet(process_set);
+  if (engine == nullptr) return NotAMember(OpType::kReducescatter, name, process_set);
+  for (TensorRef& t : tensors) {
+    if (t.device < 0 || t.output != nullptr || !t.allocate_output || t.shape.empty()) continue;
+    Shape own = t.shape;
+    own[0] = ScatterRows(t.shape[0], engine->size(), engine->rank());
+    s = t.allocate_output(own, &t.output);
+    if (!s.ok()) return s;
+    if (t.output == nullptr && NumElements(own) > 0) {
+      return Invalid("reducescatter '" + name + "': the framework gave no output buffer");
+    }
   }
   auto pending =
       MakeOp(process_set, name, OpType::kReducescatter, std::move(tensors), std::move(done));

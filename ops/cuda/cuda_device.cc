@@ -19,27 +19,6 @@ constexpr int64_t kScratchGranule = int64_t{4} << 20;
 // left to the process's end instead.
 constexpr double kLaneDrainSeconds = 10.0;
 
-// Restores the calling thread's current CUDA context on scope exit:
-// framework threads record events on their own GPU's streams and must find
-// their context as they left it. The context itself is saved, not the
-// device ordinal: cudaGetDevice answers 0 on a thread that never chose a
-// GPU, and restoring that with cudaSetDevice(0) would open a context on
-// GPU 0 in every process (about 0.5 GB each, and "device busy" for rank 0
-// under exclusive-process mode). Restoring no context costs nothing.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(const Driver& driver) : driver_(driver) {
-    saved_ = driver_.cuCtxGetCurrent(&previous_) == CUDA_SUCCESS;
-  }
-  ~DeviceGuard() {
-    if (saved_) driver_.cuCtxSetCurrent(previous_);
-  }
-
- private:
-  const Driver& driver_;
-  CUcontext previous_ = nullptr;
-  bool saved_ = false;
-};
 
 }  // namespace
 
@@ -165,7 +144,7 @@ Status CudaDevice::Enter(const DeviceLane& where, PerLane** lane) {
 }
 
 Status CudaDevice::Prepare(const DeviceLane& where) {
-  DeviceGuard guard(*driver_);  // may run on a framework thread (pin_gpu)
+  ContextGuard guard(*driver_);  // may run on a framework thread (pin_gpu)
   PerLane* lane = nullptr;
   return Enter(where, &lane);
 }
@@ -190,7 +169,7 @@ bool CudaDevice::Drained(cudaStream_t stream, double seconds) const {
 }
 
 void CudaDevice::ReleaseLane(int lane) {
-  DeviceGuard guard(*driver_);  // the caller's context stays current
+  ContextGuard guard(*driver_);  // the caller's context stays current
   std::vector<std::unique_ptr<PerLane>> gone;
   std::vector<int> devices;
   {
@@ -249,7 +228,7 @@ void CudaDevice::GiveEvent(PooledEvent* event) {
 }
 
 Status CudaDevice::RecordReady(int device, void* framework_stream, void** event) {
-  DeviceGuard guard(*driver_);
+  ContextGuard guard(*driver_);
   Status s = Check(rt_->cudaSetDevice(device), "selecting the GPU");
   PooledEvent* e = nullptr;
   if (s.ok()) s = TakeEvent(device, &e);

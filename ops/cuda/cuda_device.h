@@ -20,6 +20,28 @@
 namespace hvdkeras {
 namespace cuda {
 
+// Restores the calling thread's current CUDA context on scope exit:
+// framework threads record events on their own GPU's streams and must find
+// their context as they left it. The context itself is saved, not the
+// device ordinal: cudaGetDevice answers 0 on a thread that never chose a
+// GPU, and restoring that with cudaSetDevice(0) would open a context on
+// GPU 0 in every process (about 0.5 GB each, and "device busy" for rank 0
+// under exclusive-process mode). Restoring no context costs nothing.
+class ContextGuard {
+ public:
+  explicit ContextGuard(const Driver& driver) : driver_(driver) {
+    saved_ = driver_.cuCtxGetCurrent(&previous_) == CUDA_SUCCESS;
+  }
+  ~ContextGuard() {
+    if (saved_) driver_.cuCtxSetCurrent(previous_);
+  }
+
+ private:
+  const Driver& driver_;
+  CUcontext previous_ = nullptr;
+  bool saved_ = false;
+};
+
 class CudaDevice : public Device {
  public:
   // The process's device, or null with the reason when CUDA has no usable

@@ -51,8 +51,15 @@ Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double resul
                          "hvdkeras GPU probe: give tensors >= 1, bytes_each a multiple of 4, "
                          "iterations >= 1");
   }
-  // A lane of its own on GPU 0, so a probe never queues on an engine's.
-  const DeviceLane probe{0, kProbeLane};
+  // A lane of its own on this rank's GPU (pinned, or the one it used), so a
+  // probe never queues on an engine's, and the caller's context back after.
+  const Driver* driver = LoadDriver(&why);
+  if (driver == nullptr) {
+    return Status::Error(StatusCode::kPreconditionError, "hvdkeras GPU probe: " + why);
+  }
+  ContextGuard guard(*driver);
+  const DeviceLane probe{DefaultDevice() < device->DeviceCount() ? DefaultDevice() : 0,
+                         kProbeLane};
   cudaStream_t stream = nullptr;
   Status s = device->EngineStream(probe, &stream);
   if (!s.ok()) return s;

@@ -63,8 +63,8 @@ Clock::time_point After(double seconds) {
 // that has to wait for its peers on the host (making the communicator,
 // connecting two ranks at their first send and receive, ending a group)
 // then answers ncclInProgress instead of blocking, and the communicator's
-// state is polled until it settles, at most `wait_seconds` (the engine's
-// device_wait bound, core/device_session.cc). A peer that failed before
+// state is polled until it settles, at most `wait_seconds`
+// (DeviceWaitSeconds in core/device_session.h). A peer that failed before
 // making the matching call, or that died, therefore costs this rank a
 // bounded wait and an error, and the engine's agreement then fails every
 // rank with the reason, instead of leaving ranks inside NCCL until the

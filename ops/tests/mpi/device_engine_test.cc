@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/collectives.h"
 #include "core/device.h"
 #include "core/engine.h"
 #include "core/engine_api.h"
@@ -427,6 +428,11 @@ TEST(TwoProcessSetsReduceAtOnceOnLanesOfTheirOwn) {
   }
   CHECK(TheDevice().SharedBuffers().empty());
   CHECK(TheDevice().LanesOfSeveralThreads().empty());
+  // Both sets' communicators are registered on GPU 0 (Note [process sets
+  // sharing a GPU] in core/device.h): a third lane there sees both.
+  const std::vector<int> others = hvdkeras::AddCommunicatorLane(0, 9);
+  hvdkeras::RemoveCommunicatorLane(0, 9);
+  CHECK_EQ(others.size(), static_cast<size_t>(2));
 }
 
 namespace {
@@ -676,6 +682,31 @@ TEST(AStandInOnlyBatchUsesTheGpuTheProcessUsedWithoutPinning) {
   CHECK(join.Wait().ok());
   CHECK(Find("prepare 1 0") != std::string::npos);
   CHECK(Find("prepare 0 0") == std::string::npos);
+}
+
+TEST(AGpuReducescatterOutputIsAllocatedWhenQueued) {
+  // Its rows are known when it is queued, so it is allocated then, on the
+  // framework's thread, and the engine does not wait for the framework's
+  // stream before writing it.
+  Engines engines;
+  ClearLog();
+  Op op;
+  const int64_t rows = 2 * Size() + 1;
+  TensorRef ref = op.Ref(rows, Rank() + 1.0f, FakeStream(8), /*lazy=*/true);
+  std::thread::id allocated_on;
+  hvdkeras::AllocateOutput lazy = ref.allocate_output;
+  ref.allocate_output = [&](const hvdkeras::Shape& shape, void** data) {
+    allocated_on = std::this_thread::get_id();
+    return lazy(shape, data);
+  };
+  CHECK(hvdkeras::EnqueueReducescatter("scatter.gpu", {ref}, ReduceOp::kSum, 1.0, 1.0, 0,
+                                       op.Done("scatter.gpu"))
+            .ok());
+  CHECK(allocated_on == std::this_thread::get_id());
+  CHECK(op.Wait().ok());
+  CHECK_EQ(op.output.size(), static_cast<size_t>(hvdkeras::ScatterRows(rows, Size(), Rank())));
+  for (float v : op.output) CHECK_EQ(v, RankSum());
+  CHECK(Find("wait " + StreamName(FakeStream(8))) == std::string::npos);
 }
 
 TEST(ANegotiationEndedByADeviceErrorKeepsItsBufferForTheLateRanks) {
