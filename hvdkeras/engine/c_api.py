@@ -86,7 +86,7 @@ def _bind_requests(lib: ctypes.CDLL) -> None:
         ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ptr), ctypes.POINTER(ptr),
         ctypes.POINTER(ctypes.c_int), ctypes.POINTER(i64), ctypes.c_int, ctypes.c_int,
         ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.POINTER(i64), ctypes.c_int,
-        ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        ctypes.c_int, ctypes.c_int, ptr, ctypes.c_char_p, ctypes.c_int]
     lib.hvdkeras_request_submit.restype = i64
     lib.hvdkeras_request_wait.argtypes = [i64, ctypes.c_double, ctypes.c_char_p, ctypes.c_int]
     lib.hvdkeras_request_wait.restype = ctypes.c_int

@@ -42,10 +42,15 @@ _abandoned: List[Any] = []
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
-    """One host tensor handed to the engine: its address and shape."""
+    """One tensor handed to the engine: its address and shape, and for a GPU
+    tensor its CUDA device ordinal and the framework's stream (a
+    `cudaStream_t` as an integer) its inputs were written on; -1 and 0 for
+    host memory."""
 
     address: int
     shape: Tuple[int, ...]
+    device: int = -1
+    stream: int = 0
 
 
 class Finished:
@@ -149,6 +154,11 @@ def submit(kind: int, name: str, inputs: Sequence[Buffer], outputs: Optional[Seq
     Raises:
         RuntimeError: if the engine refused the op (the message names it).
     """
+    places = {(b.device, b.stream) for b in inputs}
+    if len(places) > 1:
+        raise ValueError(f"hvdkeras {KIND_NAMES[kind]} '{name}' mixes tensors on different "
+                         f"devices or streams {sorted(places)}; submit them separately.")
+    device, stream = places.pop() if places else (-1, 0)
     lib = library.engine_handle()
     error = ctypes.create_string_buffer(c_api.ERROR_CAPACITY)
     ranks = (ctypes.c_int * max(len(inputs), 1))(*(len(b.shape) for b in inputs))
@@ -159,7 +169,7 @@ def submit(kind: int, name: str, inputs: Sequence[Buffer], outputs: Optional[Seq
         kind, name.encode(), len(inputs), _pointers([b.address for b in inputs]),
         _pointers(list(outputs) if outputs is not None else [0] * len(inputs)), ranks, dims,
         dtype, op, prescale, postscale, root, split_values, len(splits), process_set,
-        error, c_api.ERROR_CAPACITY)
+        device, stream or None, error, c_api.ERROR_CAPACITY)
     if request == 0:
         raise RuntimeError(f"hvdkeras {KIND_NAMES[kind]} '{name}': {error.value.decode()}")
     return Pending(lib, request, kind, name, keep)

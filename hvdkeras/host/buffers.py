@@ -20,11 +20,19 @@ from hvdkeras.engine.types import REDUCE_OP_NAMES, Average, Sum
 
 @dataclasses.dataclass(frozen=True)
 class HostTensor:
-    """A host tensor's memory: address, shape, element type name (NumPy's spelling)."""
+    """A tensor's memory: address, shape, element type name (NumPy's spelling).
+
+    Host memory unless `device` is a CUDA ordinal: then `stream` is the
+    framework's stream (a `cudaStream_t` as an integer) the tensor was
+    written on, and the collective is ordered after it (allreduce,
+    broadcast and reducescatter take GPU tensors).
+    """
 
     address: int
     shape: Tuple[int, ...]
     dtype: str
+    device: int = -1
+    stream: int = 0
 
 
 def dtype_number(dtype: str, what: str, reducing: bool) -> int:
@@ -124,6 +132,29 @@ def reducescatter(inputs: Sequence[HostTensor], allocate: Allocate, name: str, o
             postscale, set_id=set_id)
 
 
+def reducescatter_into(inputs: Sequence[HostTensor], outputs: Sequence[int], name: str,
+                       op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
+                       set_id: int = 0, keep=None) -> None:
+    """`reducescatter` into outputs the caller allocated (addresses), each
+    holding this rank's `scatter_rows` of its input: the way for GPU tensors,
+    whose outputs the engine cannot allocate."""
+    if op not in (Average, Sum):
+        raise ValueError(f"hvdkeras.reducescatter takes hvdkeras.Sum or Average, got {op!r}.")
+    dtype = dtype_number(_one_dtype(inputs, "reducescatter"), "reducescatter", reducing=True)
+    process_sets.view_by_id(set_id)
+    with requests.run(requests.REDUCESCATTER, name, _buffers(inputs), outputs, dtype, op,
+                      prescale, postscale, process_set=set_id, keep=keep):
+        pass
+
+
+def scatter_rows(rows: int, size: int, rank: int) -> int:
+    """The rows of a `rows`-row tensor that `rank` of `size` keeps after a
+    reducescatter (the first `rows % size` ranks keep one more): the split
+    of the engine's ScatterRows (ops/core/collective_reducescatter.cc);
+    tests/parallel/test_gather_scatter.py checks they agree."""
+    return rows // size + (1 if rank < rows % size else 0)
+
+
 def alltoall(tensor: HostTensor, splits: Optional[Sequence[int]], allocate: Allocate, name: str,
              set_id: int = 0) -> List[int]:
     """Sends `splits[r]` rows to rank r (equal parts when None); returns the rows received
@@ -150,4 +181,5 @@ def barrier(name: str = "hvdkeras_barrier", set_id: int = 0) -> None:
 
 
 def _buffers(tensors: Sequence[HostTensor]) -> List[requests.Buffer]:
-    return [requests.Buffer(t.address, tuple(int(d) for d in t.shape)) for t in tensors]
+    return [requests.Buffer(t.address, tuple(int(d) for d in t.shape), t.device, t.stream)
+            for t in tensors]

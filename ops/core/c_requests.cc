@@ -65,7 +65,8 @@ std::shared_ptr<Request> Find(int64_t id) {
 // one after another; `ranks[i]` says how many belong to tensor i.
 std::vector<TensorRef> Tensors(int count, const void* const* inputs, void* const* outputs,
                                const int* ranks, const int64_t* dims, DataType dtype,
-                               bool engine_shaped, const std::shared_ptr<Request>& request) {
+                               bool engine_shaped, int device, void* stream,
+                               const std::shared_ptr<Request>& request) {
   std::vector<TensorRef> tensors(count);
   request->output_shapes.resize(count);
   if (engine_shaped) request->outputs.resize(count);
@@ -74,6 +75,8 @@ std::vector<TensorRef> Tensors(int count, const void* const* inputs, void* const
     TensorRef& t = tensors[i];
     t.input = inputs[i];
     t.dtype = dtype;
+    t.device = device;
+    t.framework_stream = device >= 0 ? stream : nullptr;
     t.shape.assign(dims + at, dims + at + ranks[i]);
     at += ranks[i];
     request->output_shapes[i] = t.shape;
@@ -103,18 +106,22 @@ using hvdkeras::CopyText;
 extern "C" {
 
 // Submits one collective (`kind_number`: an OpType of core/common.h) over
-// `count` host tensors of element type `dtype`
-// (the engine's numbering, see hvdkeras_vocabulary). Allreduce and
-// broadcast write into `outputs` (which may equal `inputs`); the others
-// allocate their outputs (Note [request lifetime]). `splits` (alltoall
-// only) holds `count_splits` row counts. Returns the request's id (> 0), or
-// 0 with a message in `error` when the op could not be queued.
+// `count` tensors of element type `dtype` (the engine's numbering, see
+// hvdkeras_vocabulary), in host memory (`device` -1) or on GPU `device`,
+// ordered after the work queued on the framework's CUDA `stream` (Note
+// [stream order] in device.h; the request finishes once that stream waits
+// for the results). Allreduce and broadcast write into `outputs` (which may
+// equal `inputs`), and so does a reducescatter of GPU tensors (the caller
+// allocates its rows); the others allocate their outputs in host memory
+// (Note [request lifetime]), so they take no GPU tensors. `splits`
+// (alltoall only) holds `count_splits` row counts. Returns the request's id
+// (> 0), or 0 with a message in `error` when the op could not be queued.
 int64_t hvdkeras_request_submit(int kind_number, const char* name, int count,
                                 const void* const* inputs, void* const* outputs,
                                 const int* ranks, const int64_t* dims, int dtype,
                                 int reduce_op, double prescale, double postscale, int root,
                                 const int64_t* splits, int count_splits, int process_set,
-                                char* error, int capacity) {
+                                int device, void* stream, char* error, int capacity) {
   if (!hvdkeras::IsValidDataType(dtype) || !hvdkeras::IsValidReduceOp(reduce_op)) {
     CopyText("unknown element type or reduction number", error, capacity);
     return 0;
@@ -122,10 +129,19 @@ int64_t hvdkeras_request_submit(int kind_number, const char* name, int count,
   using hvdkeras::OpType;
   const auto kind = static_cast<OpType>(kind_number);
   auto request = std::make_shared<Request>();
+  if (device >= 0 && (kind == OpType::kAllgather || kind == OpType::kAlltoall)) {
+    CopyText(std::string(hvdkeras::OpTypeName(kind)) + " '" + (name ? name : "") +
+                 "' takes host tensors through this binding; move GPU tensors to the CPU "
+                 "for it",
+             error, capacity);
+    return 0;
+  }
   const bool engine_shaped =
-      kind == OpType::kAllgather || kind == OpType::kAlltoall || kind == OpType::kReducescatter;
-  std::vector<TensorRef> tensors = Tensors(count, inputs, outputs, ranks, dims,
-                                           static_cast<DataType>(dtype), engine_shaped, request);
+      kind == OpType::kAllgather || kind == OpType::kAlltoall ||
+      (kind == OpType::kReducescatter && device < 0);
+  std::vector<TensorRef> tensors =
+      Tensors(count, inputs, outputs, ranks, dims, static_cast<DataType>(dtype), engine_shaped,
+              device, stream, request);
   if (kind == OpType::kAlltoall && count == 1) {
     std::weak_ptr<Request> weak = request;
     tensors[0].receive_splits = [weak](const std::vector<int64_t>& received) {

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import hvdkeras as hvd
+from hvdkeras.host import buffers
 from parallel_helpers import (
     ALLREDUCE_DTYPES, BROADCAST_DTYPES, FLOAT_DTYPES, MODES, WORLD_RANK, WORLD_SIZE, as_dtype,
     assert_exact, ids, run, tensor,
@@ -267,6 +268,9 @@ def test_reducescatter_few_rows(rows):
     shape = (rows, 2)
     got = hvd.reducescatter(tensor(scatter_input(shape, WORLD_RANK), tf.float32), op=hvd.Sum)
     assert_exact(got, reduce_expected(hvd.Sum, shape, tf.float32))
+    # The bindings that allocate GPU outputs themselves size them with
+    # buffers.scatter_rows: it must agree with the engine's split.
+    assert got.shape[0] == buffers.scatter_rows(rows, WORLD_SIZE, WORLD_RANK)
 
 
 def test_reducescatter_default_op_is_average():

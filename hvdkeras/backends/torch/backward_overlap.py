@@ -51,6 +51,7 @@ from hvdkeras import compat
 from hvdkeras.engine import buckets, process_sets
 from hvdkeras.engine.requests import Pending
 from hvdkeras.engine.types import Average, Sum
+from hvdkeras.backends.torch import ops as torch_ops
 from hvdkeras.host import buffers
 
 
@@ -159,8 +160,7 @@ class BackwardReductions:
 
     def _send(self, bucket: int, members: List[int]) -> None:
         grads = [self._ready[p] for p in members]
-        inputs = [buffers.HostTensor(g.data_ptr(), tuple(g.shape),
-                                     str(g.dtype).removeprefix("torch.")) for g in grads]
+        inputs = [torch_ops.describe(g, "allreduce") for g in grads]
         addresses = [g.data_ptr() for g in grads]
         pending = buffers.submit_allreduce(
             inputs, addresses, f"{self._settings['name']}.backward.{bucket}", self._op,

@@ -21,12 +21,28 @@ from hvdkeras.engine.types import Average, Sum
 from hvdkeras.host import buffers
 
 
-def _host_tensor(tensor: torch.Tensor, what: str) -> buffers.HostTensor:
+# The collectives that take CUDA tensors: their outputs are allocated here,
+# on the tensor's device. The others' outputs are shaped by the engine in
+# host memory (ops/core/c_requests.cc).
+GPU_COLLECTIVES = ("allreduce", "broadcast", "reducescatter")
+
+
+def describe(tensor: torch.Tensor, what: str) -> buffers.HostTensor:
+    """The engine's view of `tensor`'s memory. A CUDA tensor (allreduce,
+    broadcast and reducescatter) goes with its device and torch's current
+    stream there, which the engine's stream waits for and which waits for
+    the results before the call returns (Note [stream order] in
+    ops/core/device.h)."""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.device.type == "cuda" and what in GPU_COLLECTIVES:
+        stream = torch.cuda.current_stream(tensor.device).cuda_stream
+        return buffers.HostTensor(tensor.data_ptr(), tuple(tensor.shape), dtype,
+                                  tensor.device.index, stream)
     if tensor.device.type != "cpu":
-        raise ValueError(f"hvdkeras.{what} takes CPU tensors under the torch backend for now; "
+        supported = "CPU and CUDA" if what in GPU_COLLECTIVES else "CPU"
+        raise ValueError(f"hvdkeras.{what} takes {supported} tensors under the torch backend; "
                          f"got one on {tensor.device}. Move it with .cpu().")
-    return buffers.HostTensor(tensor.data_ptr(), tuple(tensor.shape),
-                              str(tensor.dtype).removeprefix("torch."))
+    return buffers.HostTensor(tensor.data_ptr(), tuple(tensor.shape), dtype)
 
 
 def _per_dtype(tensors: Sequence[torch.Tensor], name: str) -> List[Tuple[str, List[int]]]:
@@ -49,7 +65,7 @@ def allreduce(tensors: List[torch.Tensor], name: str, op: int, prescale: float,
     inputs = _inputs(tensors)
     outputs = [torch.empty_like(t) for t in inputs]
     if inputs:
-        buffers.allreduce([_host_tensor(t, "allreduce") for t in inputs],
+        buffers.allreduce([describe(t, "allreduce") for t in inputs],
                           [o.data_ptr() for o in outputs], name, op, prescale, postscale,
                           process_set_id, keep=(inputs, outputs))
     return outputs
@@ -83,7 +99,7 @@ def broadcast(tensors: List[torch.Tensor], name: str, root_rank: int,
     inputs = _inputs(tensors)
     outputs = [torch.empty_like(t) for t in inputs]
     for request, chosen in _per_dtype(inputs, name):
-        buffers.broadcast([_host_tensor(inputs[i], "broadcast") for i in chosen],
+        buffers.broadcast([describe(inputs[i], "broadcast") for i in chosen],
                           [outputs[i].data_ptr() for i in chosen], request, root_rank,
                           process_set_id, keep=(inputs, outputs))
     return outputs
@@ -116,9 +132,10 @@ broadcast.register_autograd(_broadcast_backward, setup_context=_broadcast_setup)
 
 def reducible_in_place(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether `allreduce_in_place` may take `tensors`: run eagerly (not while
-    `torch.compile` traces), contiguous CPU tensors outside autograd."""
+    `torch.compile` traces), contiguous CPU or CUDA tensors outside autograd."""
     return (not torch.compiler.is_compiling()
-            and all(t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+            and all(t.device.type in ("cpu", "cuda") and t.is_contiguous()
+                    and not t.requires_grad
                     for t in tensors))
 
 
@@ -131,7 +148,7 @@ def allreduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int, pres
     faults on every step."""
     for request, chosen in _per_dtype(tensors, name):
         group = [tensors[i] for i in chosen]
-        buffers.allreduce([_host_tensor(t, "allreduce") for t in group],
+        buffers.allreduce([describe(t, "allreduce") for t in group],
                           [t.data_ptr() for t in group], request, op, prescale, postscale,
                           process_set_id, keep=group)
 
@@ -147,7 +164,7 @@ def broadcast_in_place(tensors: Sequence[torch.Tensor], name: str, root_rank: in
                          "tensors.")
     for request, chosen in _per_dtype(tensors, name):
         group = [tensors[i] for i in chosen]
-        buffers.broadcast([_host_tensor(t, "broadcast") for t in group],
+        buffers.broadcast([describe(t, "broadcast") for t in group],
                           [t.data_ptr() for t in group], request, root_rank, process_set_id,
                           keep=group)
 
@@ -166,7 +183,7 @@ def _allocating(tensor: torch.Tensor):
 def allgather(tensor: torch.Tensor, name: str, process_set_id: int) -> torch.Tensor:
     source = tensor.detach().contiguous()
     results, allocate = _allocating(source)
-    buffers.allgather([_host_tensor(source, "allgather")], allocate, name, process_set_id)
+    buffers.allgather([describe(source, "allgather")], allocate, name, process_set_id)
     return results[0]
 
 
@@ -200,8 +217,19 @@ allgather.register_autograd(_allgather_backward, setup_context=_allgather_setup)
 def reducescatter(tensor: torch.Tensor, name: str, op: int, prescale: float, postscale: float,
                   process_set_id: int) -> torch.Tensor:
     source = tensor.detach().contiguous()
+    if source.device.type == "cuda":
+        # The engine cannot allocate GPU memory for torch: this rank's rows
+        # are allocated here, on the tensor's device.
+        view = process_sets.view_by_id(process_set_id)
+        rows = source.shape[0] if source.dim() else 1
+        output = source.new_empty((buffers.scatter_rows(rows, view.size, view.set_rank),
+                                   *source.shape[1:]))
+        buffers.reducescatter_into([describe(source, "reducescatter")], [output.data_ptr()],
+                                   name, op, prescale, postscale, process_set_id,
+                                   keep=(source, output))
+        return output
     results, allocate = _allocating(source)
-    buffers.reducescatter([_host_tensor(source, "reducescatter")], allocate, name, op, prescale,
+    buffers.reducescatter([describe(source, "reducescatter")], allocate, name, op, prescale,
                           postscale, process_set_id)
     return results[0]
 
@@ -234,7 +262,7 @@ def alltoall(tensor: torch.Tensor, splits: List[int], name: str,
              process_set_id: int) -> List[torch.Tensor]:
     source = tensor.detach().contiguous()
     results, allocate = _allocating(source)
-    received = buffers.alltoall(_host_tensor(source, "alltoall"), splits or None, allocate, name,
+    received = buffers.alltoall(describe(source, "alltoall"), splits or None, allocate, name,
                                 process_set_id)
     return [results[0], torch.tensor(received, dtype=torch.int32)]
 

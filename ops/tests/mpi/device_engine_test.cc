@@ -709,6 +709,47 @@ TEST(AGpuReducescatterOutputIsAllocatedWhenQueued) {
   CHECK(Find("wait " + StreamName(FakeStream(8))) == std::string::npos);
 }
 
+extern "C" {
+int64_t hvdkeras_request_submit(int kind_number, const char* name, int count,
+                                const void* const* inputs, void* const* outputs,
+                                const int* ranks, const int64_t* dims, int dtype,
+                                int reduce_op, double prescale, double postscale, int root,
+                                const int64_t* splits, int count_splits, int process_set,
+                                int device, void* stream, char* error, int capacity);
+int hvdkeras_request_wait(int64_t id, double timeout_seconds, char* error, int capacity);
+void hvdkeras_request_release(int64_t id);
+}
+
+TEST(TheCApiTakesGpuTensorsWithTheirStream) {
+  // What the torch binding hands over for CUDA tensors: the device and
+  // torch's current stream, which the engine waits for and releases.
+  Engines engines;
+  ClearLog();
+  std::vector<float> data(16, Rank() + 1.0f);
+  const void* inputs[] = {data.data()};
+  void* outputs[] = {data.data()};
+  const int ranks[] = {1};
+  const int64_t dims[] = {16};
+  char error[256] = {0};
+  const int64_t id = hvdkeras_request_submit(
+      static_cast<int>(hvdkeras::OpType::kAllreduce), "capi.gpu", 1, inputs, outputs, ranks,
+      dims, static_cast<int>(DataType::kFloat32), static_cast<int>(ReduceOp::kSum), 1.0, 1.0, 0,
+      nullptr, 0, 0, /*device=*/0, FakeStream(10), error, sizeof(error));
+  CHECK(id > 0);
+  CHECK_EQ(hvdkeras_request_wait(id, 60.0, error, sizeof(error)), 0);
+  hvdkeras_request_release(id);
+  for (float v : data) CHECK_EQ(v, RankSum());
+  CHECK(Find("release " + StreamName(FakeStream(10))) != std::string::npos);
+  // Collectives whose outputs the engine allocates in host memory refuse
+  // GPU tensors with the reason.
+  const int64_t refused = hvdkeras_request_submit(
+      static_cast<int>(hvdkeras::OpType::kAllgather), "capi.gather", 1, inputs, outputs, ranks,
+      dims, static_cast<int>(DataType::kFloat32), 0, 1.0, 1.0, 0, nullptr, 0, 0, 0,
+      FakeStream(10), error, sizeof(error));
+  CHECK_EQ(refused, static_cast<int64_t>(0));
+  CHECK(std::string(error).find("takes host tensors through this binding") != std::string::npos);
+}
+
 TEST(ANegotiationEndedByADeviceErrorKeepsItsBufferForTheLateRanks) {
   // Rank 0's wait for the status bits ends at once on a device error while
   // the other ranks are still on their way; they send their bits later.
