@@ -20,6 +20,7 @@
 // results. collective_device_*.cc follow this order; ops/cuda implements it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -111,6 +112,25 @@ class Device {
   // what they queued has finished: its engine (a removed process set) has
   // stopped and will not use them again.
   virtual void ReleaseLane(int lane) = 0;
+
+  // Note [device time]
+  // ~~~~~~~~~~~~~~~~~~
+  // The host only queues GPU work, so the time the engine thread spends on
+  // a GPU batch says nothing about how long the GPU took. To time the device
+  // (the timeline's GPU spans, the autotuner's throughput), the engine puts
+  // marks on the lane's stream around a batch and reads them a cycle or more
+  // later, once the GPU has passed them. A mark's time is exact relative to
+  // the lane's anchor, a mark recorded when the stream was idle (so reached
+  // at once, at a known host time); the lane re-anchors whenever it finds
+  // its stream idle, which keeps the float milliseconds CUDA measures precise.
+  //
+  // Engine thread: a mark on the lane's stream, reached when the stream has
+  // done everything queued before it.
+  virtual Status MarkTime(const DeviceLane& where, void** mark) = 0;
+  // Whether the GPU has reached `mark` and, if so, the host-clock time it did.
+  virtual Status MarkedTime(void* mark, bool* reached,
+                            std::chrono::steady_clock::time_point* when) = 0;
+  virtual void ReleaseMark(void* mark) = 0;
 };
 
 // A part of a buffer sent to or received from one rank.

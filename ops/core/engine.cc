@@ -256,14 +256,24 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
         (ready.size() > 1 ? " and " + std::to_string(ready.size() - 1) + " more" : "");
     activity_.Enter(EngineActivity::Phase::kExecuting, &what);
   }
+  // Note [device time] in device.h: GPU batches are timed on the device
+  // while tracing or tuning, and counted when the device finished them.
+  const bool time_device = timeline_.active() || tuning_.measuring();
+  executor_.set_time_device(time_device);
   const std::vector<Status> statuses = executor_.Execute(
       ready, config_.fusion_threshold, timeline_.active() ? &timeline_ : nullptr);
+  for (const DeviceSpan& span : executor_.TakeDeviceSpans()) {
+    for (const std::string& name : span.names) {
+      timeline_.DeviceSpan(name, span.op, span.start, span.end);
+    }
+    if (tuning_.measuring()) tuning_.Record(span.bytes, span.end);
+  }
   if (!ready.empty()) {
     int64_t bytes = 0, reduced = 0;
     for (const PendingOp* op : ready) {
       const int64_t op_bytes = op->request.TotalBytes();
       const OpType type = op->request.op_type;
-      bytes += op_bytes;
+      if (!time_device || op->request.device != DeviceKind::kGpu) bytes += op_bytes;
       if (type == OpType::kAllreduce || type == OpType::kReducescatter) reduced += op_bytes;
     }
     stat_ops_ += static_cast<int64_t>(ready.size());

@@ -122,6 +122,7 @@ void Executor::Close(bool collective) {
   cross_mpi_.Close();
   topology_.Close(collective);
   path_ = AllreducePath::kMpi;
+  timings_.Clear();
   gpu_.Close(collective);
 }
 
@@ -131,6 +132,17 @@ Status Executor::ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingO
   ctx.device = gpu_.device();
   ctx.device_comm = gpu_.communicator();
   ctx.device_lane = gpu_.lane();
+  if (time_device_) {
+    // The span starts once the inputs are ready (the collective's own
+    // WaitForInputs then finds nothing left to wait for).
+    s = device_steps::WaitForInputs(ctx, batch);
+    if (!s.ok()) {
+      FinishFailedDeviceBatch(ctx, batch);
+      gpu_.Fail(s);
+      return s;
+    }
+    timings_.Begin(ctx.device, ctx.device_lane);
+  }
   switch (batch[0]->request.op_type) {
     case OpType::kAllreduce: s = RunDeviceAllreduce(ctx, batch); break;
     case OpType::kBroadcast: s = RunDeviceBroadcast(ctx, batch); break;
@@ -142,7 +154,9 @@ Status Executor::ExecuteDeviceBatch(ExecContext& ctx, const std::vector<PendingO
                            std::string(OpTypeName(batch[0]->request.op_type)) +
                                " has no GPU version");
   }
+  if (s.ok() && time_device_) timings_.End(batch);
   if (!s.ok()) {
+    timings_.Abandon();
     FinishFailedDeviceBatch(ctx, batch);
     // Note [a failed GPU batch ends every rank] in device_session.h.
     if (!ctx.device_comm_called) {

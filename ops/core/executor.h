@@ -13,6 +13,7 @@
 #include "core/block_pool.h"
 #include "core/collectives.h"
 #include "core/device_session.h"
+#include "core/device_timing.h"
 #include "core/engine_settings.h"
 #include "core/host_topology.h"
 #include "core/mpi_context.h"
@@ -46,6 +47,12 @@ class Executor {
   // [a failed GPU batch ends every rank] in device_session.h.
   const std::string& DeviceFailure() const;
 
+  // Whether GPU batches are timed on the device (Note [device time] in
+  // device.h): while tracing or autotuning.
+  void set_time_device(bool on) { time_device_ = on; }
+  // The GPU batches the device has finished since the last call.
+  std::vector<DeviceSpan> TakeDeviceSpans() { return timings_.TakeFinished(); }
+
   // Runs `ready` in order, fused into batches of at most `fusion_threshold`
   // bytes; returns one status per op. `timeline` is null unless tracing.
   std::vector<Status> Execute(const std::vector<PendingOp*>& ready, int64_t fusion_threshold,
@@ -69,6 +76,8 @@ class Executor {
   RingCollectives cross_ring_;  // over cross_mpi_'s ranks
   ShmAllreduce shm_;
   DeviceSession gpu_;
+  bool time_device_ = false;
+  DeviceTimings timings_;
 };
 
 }  // namespace hvdkeras

@@ -119,6 +119,17 @@ void Timeline::ActivityEnd(const std::string& name) {
   Event(name, 'E', "", std::chrono::steady_clock::now());
 }
 
+void Timeline::DeviceSpan(const std::string& name, OpType op, TimePoint start, TimePoint end) {
+  if (fd_ < 0) return;
+  std::string label = "GPU_";
+  for (const char* c = OpTypeName(op); *c; ++c) label += static_cast<char>(toupper(*c));
+  // Row 2 of the op's process: the host's nested spans stay on row 1.
+  buffer_ += ",\n{\"ph\":\"X\",\"pid\":" + std::to_string(ProcessFor(name)) +
+             ",\"tid\":2,\"ts\":" + std::to_string(Micros(start)) +
+             ",\"dur\":" + std::to_string(std::max<int64_t>(Micros(end) - Micros(start), 0)) +
+             ",\"name\":\"" + label + "\"}";
+}
+
 void Timeline::CycleStart() {
   if (!mark_cycles_) return;
   Event("(engine cycles)", 'i', "CYCLE_START", std::chrono::steady_clock::now());

@@ -34,6 +34,10 @@ class Timeline {
   void ActivityStart(const std::string& name, const char* activity);
   void ActivityEnd(const std::string& name);
   void CycleStart();
+  // A GPU batch as the device ran it (Note [device time] in device.h): a
+  // complete event on each of its ops' "GPU" rows, written when the engine
+  // learns of it, a cycle or more later.
+  void DeviceSpan(const std::string& name, OpType op, TimePoint start, TimePoint end);
 
   // Appends the buffered events to the file.
   void Flush();

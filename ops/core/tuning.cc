@@ -1,5 +1,7 @@
 #include "core/tuning.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 
@@ -33,9 +35,12 @@ void Tuning::Agree(const MpiContext& mpi, EngineConfig* config) {
   news_ = false;
 }
 
-void Tuning::Record(int64_t bytes) {
+void Tuning::Record(int64_t bytes) { Record(bytes, std::chrono::steady_clock::now()); }
+
+void Tuning::Record(int64_t bytes, std::chrono::steady_clock::time_point when) {
   const bool was_done = tuner_->done();
-  if (tuner_->RecordCycle(bytes, std::chrono::steady_clock::now())) news_ = true;
+  last_ = std::max(last_, when);
+  if (tuner_->RecordCycle(bytes, last_)) news_ = true;
   const std::vector<TrialResult> trials = tuner_->TakeFinishedTrials();
   if (trials.empty() || log_path_.empty()) return;
   FILE* f = std::fopen(log_path_.c_str(), "a");

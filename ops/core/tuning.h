@@ -3,6 +3,7 @@
 // the same cycle (so fusion plans stay identical across ranks).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -24,13 +25,17 @@ class Tuning {
   // Collective, in the cycle the ranks agreed on: every rank takes rank 0's
   // values into *config.
   void Agree(const MpiContext& mpi, EngineConfig* config);
-  // Rank 0: one cycle that moved `bytes` (logs finished trials).
+  // Rank 0: one cycle that moved `bytes` (logs finished trials), finished
+  // now, or for GPU work at the time the device finished it (Note [device
+  // time] in device.h; never earlier than a time recorded before).
   void Record(int64_t bytes);
+  void Record(int64_t bytes, std::chrono::steady_clock::time_point when);
 
  private:
   std::unique_ptr<Autotuner> tuner_;
   std::string log_path_;
   bool news_ = false;
+  std::chrono::steady_clock::time_point last_;
 };
 
 }  // namespace hvdkeras

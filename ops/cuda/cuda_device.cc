@@ -197,6 +197,57 @@ void CudaDevice::ReleaseLane(int lane) {
   }
 }
 
+Status CudaDevice::MarkTime(const DeviceLane& where, void** mark) {
+  PerLane* lane = nullptr;
+  Status s = Enter(where, &lane);
+  if (!s.ok()) return s;
+  // Re-anchor on an idle stream: an event recorded there is reached at once.
+  if (!lane->anchor || rt_->cudaStreamQuery(lane->stream) == cudaSuccess) {
+    auto anchor = std::make_shared<Anchor>();
+    anchor->rt = rt_;
+    s = Check(rt_->cudaEventCreateWithFlags(&anchor->event, cudaEventDefault),
+              "creating a timing event");
+    if (s.ok()) s = Check(rt_->cudaEventRecord(anchor->event, lane->stream), "recording an event");
+    if (!s.ok()) return s;
+    anchor->host_time = std::chrono::steady_clock::now();
+    lane->anchor = std::move(anchor);
+  }
+  auto made = std::make_unique<Mark>();
+  made->anchor = lane->anchor;
+  s = Check(rt_->cudaEventCreateWithFlags(&made->event, cudaEventDefault),
+            "creating a timing event");
+  if (s.ok()) s = Check(rt_->cudaEventRecord(made->event, lane->stream), "recording an event");
+  if (!s.ok()) {
+    if (made->event != nullptr) rt_->cudaEventDestroy(made->event);
+    return s;
+  }
+  *mark = made.release();
+  return Status::OK();
+}
+
+Status CudaDevice::MarkedTime(void* mark, bool* reached,
+                              std::chrono::steady_clock::time_point* when) {
+  const Mark* m = static_cast<const Mark*>(mark);
+  const cudaError_t state = rt_->cudaEventQuery(m->event);
+  *reached = state == cudaSuccess;
+  if (state == cudaErrorNotReady) return Status::OK();
+  if (state != cudaSuccess) return Check(state, "reading a timing event");
+  float ms = 0;
+  Status s = Check(rt_->cudaEventElapsedTime(&ms, m->anchor->event, m->event),
+                   "reading a timing event");
+  if (s.ok()) {
+    *when = m->anchor->host_time + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double, std::milli>(ms));
+  }
+  return s;
+}
+
+void CudaDevice::ReleaseMark(void* mark) {
+  Mark* m = static_cast<Mark*>(mark);
+  if (m->event != nullptr) rt_->cudaEventDestroy(m->event);
+  delete m;
+}
+
 Status CudaDevice::Synchronize(const DeviceLane& where) {
   PerLane* lane = nullptr;
   Status s = Enter(where, &lane);

@@ -69,6 +69,10 @@ class CudaDevice : public Device {
                      int64_t count) override;
   Status Zero(const DeviceLane& where, void* data, int64_t bytes) override;
   void ReleaseLane(int lane) override;
+  Status MarkTime(const DeviceLane& where, void** mark) override;
+  Status MarkedTime(void* mark, bool* reached,
+                    std::chrono::steady_clock::time_point* when) override;
+  void ReleaseMark(void* mark) override;
 
   // The stream of the lane `where` (made on first use), for the communicator.
   Status EngineStream(const DeviceLane& where, cudaStream_t* stream);
@@ -87,11 +91,26 @@ class CudaDevice : public Device {
     bool async_memory = true;
     bool ready = false;
   };
+  // Note [device time] in core/device.h: an event the lane's stream reached
+  // at `host_time`; marks measure from it. Shared by the marks made from it.
+  struct Anchor {
+    const Runtime* rt = nullptr;
+    cudaEvent_t event = nullptr;
+    std::chrono::steady_clock::time_point host_time;
+    ~Anchor() {
+      if (event != nullptr) rt->cudaEventDestroy(event);
+    }
+  };
+  struct Mark {
+    cudaEvent_t event = nullptr;
+    std::shared_ptr<Anchor> anchor;
+  };
   // What one engine's lane keeps on a GPU; used by that engine's thread only.
   struct PerLane {
     PerGpu* gpu = nullptr;
     cudaStream_t stream = nullptr;
     std::vector<ScratchBuffer> scratch;
+    std::shared_ptr<Anchor> anchor;
   };
 
   CudaDevice(const Runtime* rt, const Driver* driver, int count)

@@ -24,7 +24,7 @@ namespace cuda {
   X(cudaRuntimeGetVersion) X(cudaDriverGetVersion) X(cudaDeviceGetAttribute)               \
   X(cudaDeviceGetPCIBusId) X(cudaMemcpyAsync) X(cudaEventElapsedTime) X(cudaEventSynchronize) \
   X(cudaPointerGetAttributes) X(cudaStreamQuery) X(cudaDeviceGetStreamPriorityRange)          \
-  X(cudaStreamCreateWithPriority) X(cudaStreamDestroy) X(cudaStreamGetPriority)
+  X(cudaStreamCreateWithPriority) X(cudaStreamDestroy) X(cudaStreamGetPriority) X(cudaEventQuery)
 
 #define HVDKERAS_DRIVER_FUNCTIONS(X)                                                      \
   X(cuInit) X(cuDeviceGet) X(cuDeviceGetName) X(cuModuleLoadData) X(cuModuleGetFunction)   \

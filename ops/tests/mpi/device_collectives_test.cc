@@ -100,6 +100,15 @@ class HostDevice : public hvdkeras::Device {
     return Status::OK();
   }
   void ReleaseLane(int) override {}
+  Status MarkTime(const hvdkeras::DeviceLane&, void** mark) override {
+    *mark = nullptr;
+    return Status::Error(hvdkeras::StatusCode::kUnknown, "the stand-in keeps no time");
+  }
+  Status MarkedTime(void*, bool* reached, std::chrono::steady_clock::time_point*) override {
+    *reached = false;
+    return Status::OK();
+  }
+  void ReleaseMark(void*) override {}
 
   static std::string Name(void* stream) { return std::to_string(reinterpret_cast<intptr_t>(stream)); }
 

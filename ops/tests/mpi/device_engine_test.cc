@@ -25,9 +25,12 @@
 // Driven by tests/test_device_collectives.py under mpiexec with 2 and 3 ranks.
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -175,6 +178,20 @@ class LaneDevice : public hvdkeras::Device {
   Status Zero(const DeviceLane& where, void* data, int64_t bytes) override {
     std::memset(data, 0, bytes);
     return Use(where);
+  }
+  // The stand-in's work is done when queued: a mark is reached when made.
+  Status MarkTime(const DeviceLane&, void** mark) override {
+    *mark = new std::chrono::steady_clock::time_point(std::chrono::steady_clock::now());
+    return Status::OK();
+  }
+  Status MarkedTime(void* mark, bool* reached,
+                    std::chrono::steady_clock::time_point* when) override {
+    *reached = true;
+    *when = *static_cast<std::chrono::steady_clock::time_point*>(mark);
+    return Status::OK();
+  }
+  void ReleaseMark(void* mark) override {
+    delete static_cast<std::chrono::steady_clock::time_point*>(mark);
   }
   void ReleaseLane(int lane) override {
     Log("release lane " + std::to_string(lane));
@@ -748,6 +765,45 @@ TEST(TheCApiTakesGpuTensorsWithTheirStream) {
       FakeStream(10), error, sizeof(error));
   CHECK_EQ(refused, static_cast<int64_t>(0));
   CHECK(std::string(error).find("takes host tensors through this binding") != std::string::npos);
+}
+
+TEST(TheTimelineShowsGpuBatchesAsTheDeviceRanThem) {
+  // Note [device time] in core/device.h: while tracing, a GPU batch gets a
+  // span on its op's GPU row, from marks on the lane.
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  hvdkeras::EngineConfig config = Config();
+  const std::string path = "/tmp/hvdkeras_device_timeline_" + std::to_string(getpid()) + ".json";
+  config.timeline_path = path;
+  CHECK(hvdkeras::Engine::Instance().Start(comm, config).ok());
+  Op a, b;
+  CHECK(hvdkeras::EnqueueAllreduce("traced.gpu", {a.Ref(64, 1.0f, FakeStream(11)),
+                                                  b.Ref(5, 1.0f, FakeStream(11))},
+                                   ReduceOp::kSum, 1.0, 1.0, 0, a.Done("traced.gpu"))
+            .ok());
+  CHECK(a.Wait().ok());
+  // Spans are collected at the start of a later cycle: one more op.
+  Op c;
+  CHECK(hvdkeras::EnqueueAllreduce("traced.after", {c.Ref(8, 1.0f, FakeStream(11))},
+                                   ReduceOp::kSum, 1.0, 1.0, 0, c.Done("traced.after"))
+            .ok());
+  CHECK(c.Wait().ok());
+  hvdkeras::Engine::Instance().Stop();
+  MPI_Comm_free(&comm);
+  if (Rank() == 0) {
+    FILE* f = std::fopen(path.c_str(), "r");
+    CHECK(f != nullptr);
+    std::string text;
+    char chunk[4096];
+    size_t got = 0;
+    while (f != nullptr && (got = std::fread(chunk, 1, sizeof(chunk), f)) > 0) text.append(chunk, got);
+    if (f != nullptr) std::fclose(f);
+    std::remove(path.c_str());
+    CHECK(text.find("\"ph\":\"X\"") != std::string::npos);
+    CHECK(text.find("\"tid\":2") != std::string::npos);
+    CHECK(text.find("\"name\":\"GPU_ALLREDUCE\"") != std::string::npos);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST(ANegotiationEndedByADeviceErrorKeepsItsBufferForTheLateRanks) {
