@@ -1,7 +1,7 @@
 """What the torch and JAX bindings do with tensors outside host memory,
 checked without a GPU: which collectives take CUDA tensors under torch, and
-the clear error JAX gives for a GPU array (its FFI target is registered for
-the CPU platform alone). The GPU paths themselves run where there is a GPU
+the clear error JAX gives for an array on a platform it has no FFI handler
+for (it has one for the CPU and one for CUDA). The GPU paths themselves run where there is a GPU
 (scripts/gpu_check.sh, tests/scripts/gpu_backend_fit_job.py).
 """
 
@@ -16,11 +16,11 @@ from hvdkeras.backends.jax import ops as jax_ops  # noqa: E402
 from hvdkeras.backends.torch import ops as torch_ops  # noqa: E402
 
 
-class StandInGpuArray:
-    """Stand-in (pure logic only): an array that says it lives on a GPU."""
+class StandInTpuArray:
+    """Stand-in (pure logic only): an array that says it lives on a TPU."""
 
     class Device:
-        platform = "gpu"
+        platform = "tpu"
 
     def devices(self):
         return {self.Device()}
@@ -35,15 +35,16 @@ def test_torch_host_tensors_are_described_without_a_device():
 
 def test_torch_collectives_without_a_gpu_path_name_the_fix():
     tensor = torch.empty(4, device="meta")
-    for what in ("allgather", "alltoall"):
-        with pytest.raises(ValueError, match=r"takes CPU tensors .*\.cpu\(\)"):
-            torch_ops.describe(tensor, what)
+    with pytest.raises(ValueError, match=r"takes CPU tensors .*\.cpu\(\)"):
+        torch_ops.describe(tensor, "alltoall")
     with pytest.raises(ValueError, match="takes CPU and CUDA tensors"):
         torch_ops.describe(tensor, "allreduce")
-    assert set(torch_ops.GPU_COLLECTIVES) == {"allreduce", "broadcast", "reducescatter"}
+    assert set(torch_ops.GPU_COLLECTIVES) == {"allreduce", "broadcast", "reducescatter",
+                                              "allgather"}
 
 
-def test_jax_gpu_arrays_get_an_error_naming_the_fix():
+def test_jax_arrays_on_a_platform_without_a_handler_get_an_error_naming_the_fix():
     with pytest.raises(ValueError, match="JAX_PLATFORMS=cpu"):
-        jax_ops._require_host_arrays([StandInGpuArray()], "grads")
-    jax_ops._require_host_arrays([jax.numpy.ones(3)], "grads")  # host arrays pass
+        jax_ops._require_supported_arrays([StandInTpuArray()], "grads")
+    jax_ops._require_supported_arrays([jax.numpy.ones(3)], "grads")  # host arrays pass
+    assert set(jax_ops.PLATFORMS) == {"cpu", "gpu"}

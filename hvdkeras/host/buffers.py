@@ -132,6 +132,19 @@ def reducescatter(inputs: Sequence[HostTensor], allocate: Allocate, name: str, o
             postscale, set_id=set_id)
 
 
+def allgather_into(inputs: Sequence[HostTensor], outputs: Sequence[int], name: str,
+                   set_id: int = 0, keep=None) -> None:
+    """`allgather` into outputs the caller allocated (addresses), each
+    holding every rank's rows in rank order: the way for GPU tensors, whose
+    outputs the engine cannot allocate. The caller learned the row counts
+    beforehand (a small host allgather)."""
+    dtype = dtype_number(_one_dtype(inputs, "allgather"), "allgather", reducing=False)
+    process_sets.view_by_id(set_id)
+    with requests.run(requests.ALLGATHER, name, _buffers(inputs), outputs, dtype,
+                      process_set=set_id, keep=keep):
+        pass
+
+
 def reducescatter_into(inputs: Sequence[HostTensor], outputs: Sequence[int], name: str,
                        op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
                        set_id: int = 0, keep=None) -> None:

@@ -111,9 +111,10 @@ extern "C" {
 // ordered after the work queued on the framework's CUDA `stream` (Note
 // [stream order] in device.h; the request finishes once that stream waits
 // for the results). Allreduce and broadcast write into `outputs` (which may
-// equal `inputs`), and so does a reducescatter of GPU tensors (the caller
-// allocates its rows); the others allocate their outputs in host memory
-// (Note [request lifetime]), so they take no GPU tensors. `splits`
+// equal `inputs`), and so do a reducescatter and an allgather of GPU
+// tensors (the caller allocates their outputs, shaped as the engine will
+// agree); the others allocate their outputs in host memory (Note [request
+// lifetime]), so alltoall takes no GPU tensors. `splits`
 // (alltoall only) holds `count_splits` row counts. Returns the request's id
 // (> 0), or 0 with a message in `error` when the op could not be queued.
 int64_t hvdkeras_request_submit(int kind_number, const char* name, int count,
@@ -129,16 +130,19 @@ int64_t hvdkeras_request_submit(int kind_number, const char* name, int count,
   using hvdkeras::OpType;
   const auto kind = static_cast<OpType>(kind_number);
   auto request = std::make_shared<Request>();
-  if (device >= 0 && (kind == OpType::kAllgather || kind == OpType::kAlltoall)) {
+  if (device >= 0 && kind == OpType::kAlltoall) {
     CopyText(std::string(hvdkeras::OpTypeName(kind)) + " '" + (name ? name : "") +
                  "' takes host tensors through this binding; move GPU tensors to the CPU "
                  "for it",
              error, capacity);
     return 0;
   }
+  // GPU outputs come from the caller (the engine cannot allocate the
+  // framework's GPU memory): a reducescatter's rows, an allgather's total
+  // rows agreed beforehand.
   const bool engine_shaped =
-      kind == OpType::kAllgather || kind == OpType::kAlltoall ||
-      (kind == OpType::kReducescatter && device < 0);
+      device < 0 && (kind == OpType::kAllgather || kind == OpType::kAlltoall ||
+                     kind == OpType::kReducescatter);
   std::vector<TensorRef> tensors =
       Tensors(count, inputs, outputs, ranks, dims, static_cast<DataType>(dtype), engine_shaped,
               device, stream, request);

@@ -97,8 +97,10 @@ Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
       in_scratch[i] = true;
       continue;
     }
-    void* data = nullptr;
-    Status s = tensors[i]->allocate_output(shapes[i], &data);
+    // A binding that allocated the output itself (its shape was known, or
+    // agreed beforehand) hands it over.
+    void* data = tensors[i]->output;
+    Status s = data != nullptr ? Status::OK() : tensors[i]->allocate_output(shapes[i], &data);
     if (s.ok()) {
       (*out)[i] = static_cast<char*>(data);
     } else {

@@ -270,4 +270,16 @@ Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallb
 
 bool EngineRunning() { return Engine::Instance().running(); }
 
+Status PointerDevice(const void* data, int* device) {
+  const DeviceBackend* backend = GetDeviceBackend();
+  std::string why;
+  Device* gpu = backend ? backend->device(&why) : nullptr;
+  if (gpu == nullptr) {
+    return Status::Error(StatusCode::kPreconditionError,
+                         std::string("GPU buffers were handed to hvdkeras, but ") +
+                             (backend ? "no GPU is usable: " + why : std::string(kNoGpuPart)));
+  }
+  return gpu->PointerDevice(data, device);
+}
+
 }  // namespace hvdkeras

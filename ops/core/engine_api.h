@@ -105,6 +105,10 @@ Status EnqueueJoin(const std::string& name, int32_t* last_joined_rank, DoneCallb
 
 bool EngineRunning();
 
+// The GPU whose memory `data` lies in, for bindings handed device buffers
+// without their device (XLA's custom calls and FFI handlers).
+Status PointerDevice(const void* data, int* device);
+
 // See Note [completion batches] in completion_batch.h. `batch_end` runs on
 // an engine's thread after each batch of done callbacks; `cycle_start` runs
 // on it at the start of every cycle (at least every cycle time, even when

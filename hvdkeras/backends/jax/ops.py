@@ -53,6 +53,10 @@ def _register() -> None:
         binding = ctypes.CDLL(str(path))
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(binding.HvdkerasJaxCollective),
                                     platform="cpu")
+        # GPU arrays: the same collectives on XLA's CUDA stream, through the
+        # engine's NCCL path (ops/jax/ffi_collectives.cc).
+        jax.ffi.register_ffi_target(
+            TARGET, jax.ffi.pycapsule(binding.HvdkerasJaxCollectiveCuda), platform="CUDA")
         _registered = True
 
 
@@ -105,27 +109,30 @@ def collectives_in_call_order() -> Iterator[None]:
         _order.active, _order.last = False, None
 
 
-def _require_host_arrays(inputs: Sequence, name: str) -> None:
-    """A clear error for arrays on a GPU: the binding's FFI target is
-    registered for the CPU platform alone, and XLA's own error for a GPU
-    array ("no registered implementation") does not say what to do."""
+# The platforms the binding's FFI target is registered for (JAX's names).
+PLATFORMS = ("cpu", "gpu")
+
+
+def _require_supported_arrays(inputs: Sequence, name: str) -> None:
+    """A clear error for arrays on a platform the binding has no handler for
+    (a TPU, an AMD GPU): XLA's own ("no registered implementation") does not
+    say what to do."""
     platforms = set()
     for value in inputs:
         if isinstance(value, jax.core.Tracer):
             platforms.add(jax.default_backend())
         elif hasattr(value, "devices"):
             platforms |= {device.platform for device in value.devices()}
-    if platforms - {"cpu"}:
-        raise ValueError(f"hvdkeras collective '{name}' takes arrays in host memory under the "
-                         f"JAX backend for now, and these are on {sorted(platforms)}. Run JAX "
-                         "on the CPU (JAX_PLATFORMS=cpu), or use the TensorFlow or torch "
-                         "backend for GPUs.")
+    if platforms - set(PLATFORMS):
+        raise ValueError(f"hvdkeras collective '{name}' runs on {' and '.join(PLATFORMS)} "
+                         f"arrays under the JAX backend, and these are on {sorted(platforms)}. "
+                         "Run JAX on the CPU (JAX_PLATFORMS=cpu) or an NVIDIA GPU.")
 
 
 def _call(kind: int, name: str, inputs: List, outputs: List[jax.ShapeDtypeStruct], dtype: int,
           op: int = Average, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
           set_id: int = 0, parts: int = 0) -> List:
-    _require_host_arrays(inputs, name)
+    _require_supported_arrays(inputs, name)
     _register()
     tracing = _tracing(inputs)
     ordered = tracing and getattr(_order, "active", False)

@@ -22,14 +22,14 @@ from hvdkeras.host import buffers
 
 
 # The collectives that take CUDA tensors: their outputs are allocated here,
-# on the tensor's device. The others' outputs are shaped by the engine in
-# host memory (ops/core/c_requests.cc).
-GPU_COLLECTIVES = ("allreduce", "broadcast", "reducescatter")
+# on the tensor's device. Alltoall's outputs are shaped by the engine in host
+# memory (ops/core/c_requests.cc), so it takes CPU tensors.
+GPU_COLLECTIVES = ("allreduce", "broadcast", "reducescatter", "allgather")
 
 
 def describe(tensor: torch.Tensor, what: str) -> buffers.HostTensor:
     """The engine's view of `tensor`'s memory. A CUDA tensor (allreduce,
-    broadcast and reducescatter) goes with its device and torch's current
+    broadcast, reducescatter, allgather) goes with its device and torch's current
     stream there, which the engine's stream waits for and which waits for
     the results before the call returns (Note [stream order] in
     ops/core/device.h)."""
@@ -182,6 +182,18 @@ def _allocating(tensor: torch.Tensor):
 @torch.library.custom_op("hvdkeras::allgather", mutates_args=())
 def allgather(tensor: torch.Tensor, name: str, process_set_id: int) -> torch.Tensor:
     source = tensor.detach().contiguous()
+    if source.device.type == "cuda":
+        # The engine cannot allocate GPU memory for torch: every rank's row
+        # count first (a small host allgather), then the output on the
+        # tensor's device, shaped as the engine will agree.
+        rows = torch.tensor([source.shape[0] if source.dim() else 1], dtype=torch.int64)
+        counts, allocate_counts = _allocating(rows)
+        buffers.allgather([describe(rows, "allgather")], allocate_counts, f"{name}.rows",
+                          process_set_id)
+        output = source.new_empty((int(counts[0].sum()), *source.shape[1:]))
+        buffers.allgather_into([describe(source, "allgather")], [output.data_ptr()], name,
+                               process_set_id, keep=(source, output))
+        return output
     results, allocate = _allocating(source)
     buffers.allgather([describe(source, "allgather")], allocate, name, process_set_id)
     return results[0]

@@ -757,11 +757,24 @@ TEST(TheCApiTakesGpuTensorsWithTheirStream) {
   hvdkeras_request_release(id);
   for (float v : data) CHECK_EQ(v, RankSum());
   CHECK(Find("release " + StreamName(FakeStream(10))) != std::string::npos);
-  // Collectives whose outputs the engine allocates in host memory refuse
+  // A GPU allgather into an output the caller allocated (every rank's 16
+  // rows, agreed beforehand).
+  std::vector<float> gathered(16 * Size(), -1.0f);
+  void* gathered_out[] = {gathered.data()};
+  const int64_t gather = hvdkeras_request_submit(
+      static_cast<int>(hvdkeras::OpType::kAllgather), "capi.gather", 1, inputs, gathered_out,
+      ranks, dims, static_cast<int>(DataType::kFloat32), 0, 1.0, 1.0, 0, nullptr, 0, 0, 0,
+      FakeStream(10), error, sizeof(error));
+  CHECK(gather > 0);
+  CHECK_EQ(hvdkeras_request_wait(gather, 60.0, error, sizeof(error)), 0);
+  hvdkeras_request_release(gather);
+  for (float v : gathered) CHECK_EQ(v, RankSum());  // each rank's rows hold the reduced sum
+  // Alltoall, whose outputs the engine allocates in host memory, refuses
   // GPU tensors with the reason.
+  const int64_t splits[] = {16};
   const int64_t refused = hvdkeras_request_submit(
-      static_cast<int>(hvdkeras::OpType::kAllgather), "capi.gather", 1, inputs, outputs, ranks,
-      dims, static_cast<int>(DataType::kFloat32), 0, 1.0, 1.0, 0, nullptr, 0, 0, 0,
+      static_cast<int>(hvdkeras::OpType::kAlltoall), "capi.alltoall", 1, inputs, outputs, ranks,
+      dims, static_cast<int>(DataType::kFloat32), 0, 1.0, 1.0, 0, splits, 1, 0, 0,
       FakeStream(10), error, sizeof(error));
   CHECK_EQ(refused, static_cast<int64_t>(0));
   CHECK(std::string(error).find("takes host tensors through this binding") != std::string::npos);
