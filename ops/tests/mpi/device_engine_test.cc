@@ -125,7 +125,8 @@ class LaneDevice : public hvdkeras::Device {
     *device = 0;
     return Status::OK();
   }
-  Status RecordReady(int, void*, void** event) override {
+  Status RecordReady(int, void* stream, void** event) override {
+    Log("ready " + StreamName(stream));
     *event = nullptr;
     return Status::OK();
   }
@@ -817,6 +818,34 @@ TEST(TheTimelineShowsGpuBatchesAsTheDeviceRanThem) {
     CHECK(text.find("\"name\":\"GPU_ALLREDUCE\"") != std::string::npos);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+size_t Count(const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  size_t n = 0;
+  for (const std::string& l : g_log) n += l == line ? 1 : 0;
+  return n;
+}
+
+TEST(OneReadyEventPerStreamAndARemovedSetsLaneIsFreed) {
+  // Three tensors on one framework stream and one on another: two ready
+  // events, not four. A stopped set's lane gives back its stream and
+  // scratch memory.
+  ClearLog();
+  {
+    Engines engines;
+    Op a, b, c, d;
+    CHECK(hvdkeras::EnqueueAllreduce("events.per.stream",
+                                     {a.Ref(8, 1.0f, FakeStream(12)), b.Ref(9, 1.0f, FakeStream(12)),
+                                      c.Ref(10, 1.0f, FakeStream(12)),
+                                      d.Ref(11, 1.0f, FakeStream(13))},
+                                     ReduceOp::kSum, 1.0, 1.0, 1, a.Done("events.per.stream"))
+              .ok());
+    CHECK(a.Wait().ok());
+    CHECK_EQ(Count("ready " + StreamName(FakeStream(12))), static_cast<size_t>(1));
+    CHECK_EQ(Count("ready " + StreamName(FakeStream(13))), static_cast<size_t>(1));
+  }
+  CHECK(Find("release lane 1") != std::string::npos);
 }
 
 TEST(ANegotiationEndedByADeviceErrorKeepsItsBufferForTheLateRanks) {
