@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/engine_api.h"
@@ -248,33 +249,26 @@ ffi::Error CollectiveOnGpu(void* stream, ffi::RemainingArgs args, ffi::Remaining
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HvdkerasJaxCollectiveCuda, CollectiveOnGpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<void*>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<std::string_view>("name")
-                                  .Attr<int32_t>("kind")
-                                  .Attr<int32_t>("dtype")
-                                  .Attr<int32_t>("reduce_op")
-                                  .Attr<double>("prescale")
-                                  .Attr<double>("postscale")
-                                  .Attr<int32_t>("root")
-                                  .Attr<int32_t>("process_set")
-                                  .Attr<int32_t>("parts")
-                                  .Attr<int32_t>("after"));
+// The arguments and attributes both handlers take, after the CUDA one's
+// stream: what `_call` in hvdkeras/backends/jax/ops.py passes.
+template <typename Binding>
+auto CallBinding(Binding binding) {
+  return std::move(binding)
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<std::string_view>("name")
+      .template Attr<int32_t>("kind")
+      .template Attr<int32_t>("dtype")
+      .template Attr<int32_t>("reduce_op")
+      .template Attr<double>("prescale")
+      .template Attr<double>("postscale")
+      .template Attr<int32_t>("root")
+      .template Attr<int32_t>("process_set")
+      .template Attr<int32_t>("parts")
+      .template Attr<int32_t>("after");
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HvdkerasJaxCollective, Collective,
-                              ffi::Ffi::Bind()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<std::string_view>("name")
-                                  .Attr<int32_t>("kind")
-                                  .Attr<int32_t>("dtype")
-                                  .Attr<int32_t>("reduce_op")
-                                  .Attr<double>("prescale")
-                                  .Attr<double>("postscale")
-                                  .Attr<int32_t>("root")
-                                  .Attr<int32_t>("process_set")
-                                  .Attr<int32_t>("parts")
-                                  .Attr<int32_t>("after"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HvdkerasJaxCollectiveCuda, CollectiveOnGpu,
+                              CallBinding(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HvdkerasJaxCollective, Collective, CallBinding(ffi::Ffi::Bind()));
