@@ -451,6 +451,9 @@ TEST(TwoProcessSetsReduceAtOnceOnLanesOfTheirOwn) {
   const std::vector<int> others = hvdkeras::AddCommunicatorLane(0, 9);
   hvdkeras::RemoveCommunicatorLane(0, 9);
   CHECK_EQ(others.size(), static_cast<size_t>(2));
+  // No rank stops its engines (which every rank's then follow, closing
+  // their sessions) before every rank has looked.
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 namespace {
