@@ -25,12 +25,14 @@ Status WaitForInputs(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
 namespace {
 
 // The framework streams of a batch's tensors, each once, in first-seen order
-// (a joined rank's stand-ins have none).
+// (a joined rank's stand-ins have none). A null stream is CUDA's legacy
+// default stream, torch's unless the user chose another: it is ordered like
+// any other (the engine's streams do not synchronize with it implicitly).
 std::vector<void*> FrameworkStreams(const std::vector<PendingOp*>& batch) {
   std::vector<void*> streams;
   for (PendingOp* op : batch) {
     for (const TensorRef& t : op->tensors) {
-      if (t.framework_stream != nullptr &&
+      if (!t.neutral &&
           std::find(streams.begin(), streams.end(), t.framework_stream) == streams.end()) {
         streams.push_back(t.framework_stream);
       }

@@ -239,6 +239,8 @@ Status EnqueueReducescatter(const std::string& name, std::vector<TensorRef> tens
   Engine* engine = Engine::ForSet(process_set);
   if (engine == nullptr) return NotAMember(OpType::kReducescatter, name, process_set);
   for (TensorRef& t : tensors) {
+    // (A stopped engine refuses the op in Queue, with the reason.)
+    if (!engine->running()) break;
     if (t.device < 0 || t.output != nullptr || !t.allocate_output || t.shape.empty()) continue;
     Shape own = t.shape;
     own[0] = ScatterRows(t.shape[0], engine->size(), engine->rank());

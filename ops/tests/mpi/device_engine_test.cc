@@ -761,6 +761,20 @@ TEST(TheCApiTakesGpuTensorsWithTheirStream) {
   hvdkeras_request_release(id);
   for (float v : data) CHECK_EQ(v, RankSum());
   CHECK(Find("release " + StreamName(FakeStream(10))) != std::string::npos);
+  // torch's default stream is CUDA's legacy stream, handed over as null: it
+  // is waited for and released like any other.
+  std::vector<float> more(16, 1.0f);
+  const void* more_in[] = {more.data()};
+  void* more_out[] = {more.data()};
+  const int64_t on_default = hvdkeras_request_submit(
+      static_cast<int>(hvdkeras::OpType::kAllreduce), "capi.default", 1, more_in, more_out, ranks,
+      dims, static_cast<int>(DataType::kFloat32), static_cast<int>(ReduceOp::kSum), 1.0, 1.0, 0,
+      nullptr, 0, 0, /*device=*/0, nullptr, error, sizeof(error));
+  CHECK(on_default > 0);
+  CHECK_EQ(hvdkeras_request_wait(on_default, 60.0, error, sizeof(error)), 0);
+  hvdkeras_request_release(on_default);
+  for (float v : more) CHECK_EQ(v, static_cast<float>(Size()));
+  CHECK(Find("release " + StreamName(nullptr)) != std::string::npos);
   // A GPU allgather into an output the caller allocated (every rank's 16
   // rows, agreed beforehand).
   std::vector<float> gathered(16 * Size(), -1.0f);
