@@ -132,17 +132,25 @@ def reducescatter(inputs: Sequence[HostTensor], allocate: Allocate, name: str, o
             postscale, set_id=set_id)
 
 
+def _into(kind: int, what: str, inputs: Sequence[HostTensor], outputs: Sequence[int], name: str,
+          reducing: bool, op: int = Average, prescale: float = 1.0, postscale: float = 1.0,
+          set_id: int = 0, keep=None) -> None:
+    """Runs a collective into outputs the caller allocated (addresses)."""
+    dtype = dtype_number(_one_dtype(inputs, what), what, reducing=reducing)
+    process_sets.view_by_id(set_id)
+    with requests.run(kind, name, _buffers(inputs), outputs, dtype, op, prescale, postscale,
+                      process_set=set_id, keep=keep):
+        pass
+
+
 def allgather_into(inputs: Sequence[HostTensor], outputs: Sequence[int], name: str,
                    set_id: int = 0, keep=None) -> None:
     """`allgather` into outputs the caller allocated (addresses), each
     holding every rank's rows in rank order: the way for GPU tensors, whose
     outputs the engine cannot allocate. The caller learned the row counts
     beforehand (a small host allgather)."""
-    dtype = dtype_number(_one_dtype(inputs, "allgather"), "allgather", reducing=False)
-    process_sets.view_by_id(set_id)
-    with requests.run(requests.ALLGATHER, name, _buffers(inputs), outputs, dtype,
-                      process_set=set_id, keep=keep):
-        pass
+    _into(requests.ALLGATHER, "allgather", inputs, outputs, name, False, set_id=set_id,
+          keep=keep)
 
 
 def reducescatter_into(inputs: Sequence[HostTensor], outputs: Sequence[int], name: str,
@@ -153,11 +161,8 @@ def reducescatter_into(inputs: Sequence[HostTensor], outputs: Sequence[int], nam
     whose outputs the engine cannot allocate."""
     if op not in (Average, Sum):
         raise ValueError(f"hvdkeras.reducescatter takes hvdkeras.Sum or Average, got {op!r}.")
-    dtype = dtype_number(_one_dtype(inputs, "reducescatter"), "reducescatter", reducing=True)
-    process_sets.view_by_id(set_id)
-    with requests.run(requests.REDUCESCATTER, name, _buffers(inputs), outputs, dtype, op,
-                      prescale, postscale, process_set=set_id, keep=keep):
-        pass
+    _into(requests.REDUCESCATTER, "reducescatter", inputs, outputs, name, True, op, prescale,
+          postscale, set_id, keep)
 
 
 def scatter_rows(rows: int, size: int, rank: int) -> int:

@@ -175,12 +175,15 @@ Status DeviceSession::Health() {
   return s;
 }
 
-void DeviceSession::Fail(const Status& why) {
-  if (comm_) {
-    comm_->Abort();
-    RemoveCommunicatorLane(ordinal_, lane_);
-  }
+void DeviceSession::EndCommunicator(bool abort) {
+  if (!comm_) return;
+  if (abort) comm_->Abort();
+  RemoveCommunicatorLane(ordinal_, lane_);
   comm_.reset();
+}
+
+void DeviceSession::Fail(const Status& why) {
+  EndCommunicator(/*abort=*/true);
   if (failure_.ok()) {
     failure_reason_ = why.message;
     failure_ = Status::Error(StatusCode::kAborted,
@@ -190,9 +193,7 @@ void DeviceSession::Fail(const Status& why) {
 }
 
 void DeviceSession::Close(bool collective) {
-  if (comm_ && !collective) comm_->Abort();
-  if (comm_) RemoveCommunicatorLane(ordinal_, lane_);
-  comm_.reset();
+  EndCommunicator(/*abort=*/!collective);
   // The engine has stopped: its lane's stream and scratch memory go too
   // (a removed process set's would otherwise stay for the process's life).
   if (device_ != nullptr) device_->ReleaseLane(lane_);

@@ -86,6 +86,9 @@ class DeviceSession {
 
  private:
   Status Start(const MpiContext& mpi, int ordinal);
+  // Ends the communicator (aborted, or finished in order) and unregisters
+  // its lane from the GPU.
+  void EndCommunicator(bool abort);
 
   Device* device_ = nullptr;  // process-wide, owned by the device backend
   std::unique_ptr<DeviceCommunicator> comm_;

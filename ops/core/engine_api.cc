@@ -1,7 +1,9 @@
 // Builds requests from framework submissions and hands them to the engine.
 #include "core/engine_api.h"
 
+#include <algorithm>
 #include <memory>
+#include <utility>
 
 #include "core/collectives.h"
 #include "core/device.h"
@@ -75,15 +77,12 @@ Status PrepareDevice(PendingOp* op) {
   // engine stream waits for the first tensor's event of each stream, which
   // covers every tensor queued on it before (a step's gradients arrive on
   // one stream, so this is one event per op instead of hundreds).
-  for (size_t i = 0; i < op->tensors.size(); ++i) {
-    TensorRef& t = op->tensors[i];
+  std::vector<std::pair<int, void*>> recorded;  // (GPU, stream): one or two per op
+  for (TensorRef& t : op->tensors) {
     NoteDeviceUsed(t.device);
-    bool covered = false;
-    for (size_t j = 0; j < i && !covered; ++j) {
-      const TensorRef& earlier = op->tensors[j];
-      covered = earlier.device == t.device && earlier.framework_stream == t.framework_stream;
-    }
-    if (covered) continue;
+    const std::pair<int, void*> place{t.device, t.framework_stream};
+    if (std::find(recorded.begin(), recorded.end(), place) != recorded.end()) continue;
+    recorded.push_back(place);
     Status s = device->RecordReady(t.device, t.framework_stream, &t.ready);
     if (!s.ok()) return s;
   }
