@@ -519,3 +519,22 @@ def test_options_after_the_command_belong_to_the_command():
         ["-np", "2", "python", "train.py", "--timeline", "t.json", "--np", "3"])
     assert args.np == 2
     assert args.command == ["python", "train.py", "--timeline", "t.json", "--np", "3"]
+
+
+def test_a_rank_cut_off_from_rank_0_is_not_blamed():
+    """Both sides of a cut link report it (Note [host liveness]): the rank that
+    found its own host cut off wrote first, but rank 0's record names the lost
+    host, so the report leads with rank 0's and an elastic restart leaves out
+    only the lost host."""
+    records = [
+        {"rank": "2", "exit_code": 1, "signal": None, "host": "h1", "time": 1.0,
+         "reason": "cut off from rank 0's host h0 (nothing from it for 15.0 s)",
+         "cut_off": True, "silent_ranks": [], "last_lines": []},
+        {"rank": "0", "exit_code": 1, "signal": None, "host": "h0", "time": 1.2,
+         "reason": "lost host(s) h1: nothing from rank(s) 2, 3 for 15.0 s", "cut_off": False,
+         "silent_ranks": [2, 3], "last_lines": []},
+    ]
+    message, code = failures.failure_report(records, 9, {})
+    assert code == 1
+    assert message.startswith("rank 0 on h0 failed with lost host(s) h1: nothing from rank(s) 2, 3")
+    assert "(then rank 2 failed too)" in message

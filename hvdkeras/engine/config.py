@@ -22,6 +22,7 @@ CACHE_CAPACITY = "HVDKERAS_CACHE_CAPACITY"
 STALL_CHECK_SECONDS = "HVDKERAS_STALL_CHECK_SECONDS"
 STALL_CHECK_DISABLE = "HVDKERAS_STALL_CHECK_DISABLE"
 STALL_SHUTDOWN_SECONDS = "HVDKERAS_STALL_SHUTDOWN_SECONDS"
+LIVENESS_SECONDS = "HVDKERAS_LIVENESS_SECONDS"
 TIMELINE = "HVDKERAS_TIMELINE"
 TIMELINE_MARK_CYCLES = "HVDKERAS_TIMELINE_MARK_CYCLES"
 AUTOTUNE = "HVDKERAS_AUTOTUNE"
@@ -124,6 +125,11 @@ class EngineConfig:
         stall_shutdown_seconds: After this long, such collectives fail on
             the ranks that submitted them, which ends the job (0: they wait
             forever). See Note [hang bound] in ops/core/engine_settings.def.
+        liveness_seconds: A host none of whose ranks has been heard (over
+            connections of the watchdog's own, beating every second) for
+            this long, or half the stall bound when that is shorter, ends
+            the job with an error naming it (0: only the stall bound ends
+            it). See Note [host liveness] in ops/core/liveness.h.
         timeline_path: Rank 0 writes a Chrome trace here ("" for none).
         timeline_mark_cycles: Add a marker for every engine cycle.
         autotune: Tune the fusion threshold and cycle time online; a knob set
@@ -162,6 +168,7 @@ class EngineConfig:
     cache_capacity: int = 1024
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 1800.0
+    liveness_seconds: float = 60.0
     timeline_path: str = ""
     timeline_mark_cycles: bool = False
     autotune: bool = False
@@ -353,6 +360,7 @@ def engine_config_from_env(env: Optional[Mapping[str, str]] = None) -> EngineCon
         stall_check_seconds=(0.0 if stall_check_disabled else stall_check_seconds),
         stall_shutdown_seconds=_parse_seconds(env, key(STALL_SHUTDOWN_SECONDS),
                                               defaults.stall_shutdown_seconds),
+        liveness_seconds=_parse_seconds(env, LIVENESS_SECONDS, defaults.liveness_seconds),
         timeline_path=env.get(key(TIMELINE), "").strip(),
         timeline_mark_cycles=parse_bool(env, key(TIMELINE_MARK_CYCLES)),
         autotune=parse_bool(env, key(AUTOTUNE)),

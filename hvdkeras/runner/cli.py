@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stall-check-seconds", type=float, help="warn about stalled collectives after S s")
     g.add_argument("--no-stall-check", action="store_true", help="disable stall warnings")
     g.add_argument("--stall-shutdown-seconds", type=float, help="fail stalled collectives after S s")
+    g.add_argument("--liveness-seconds", type=float,
+                   help="end the job when another host is silent for S s (default 60; "
+                        "at most half the stall bound; 0: off)")
     g.add_argument("--log-level", choices=sorted(LOG_LEVELS), type=str.lower,
                    help="HVDKERAS_LOG_LEVEL and TensorFlow's C++ log level")
     o = p.add_argument_group("job control")
@@ -97,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeline_mark_cycles=args.timeline_mark_cycles, autotune=args.autotune,
         autotune_log_file=args.autotune_log_file, stall_check_seconds=args.stall_check_seconds,
         no_stall_check=args.no_stall_check, stall_shutdown_seconds=args.stall_shutdown_seconds,
+        liveness_seconds=args.liveness_seconds,
         log_level=args.log_level)
     try:
         env = knob_env(knobs)

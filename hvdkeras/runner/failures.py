@@ -30,10 +30,12 @@ def first_failure(records: list[dict], text_of: Callable[[dict], str]) -> list[d
 
     Records are ordered by time, except that ranks whose failure only reports
     that the engine was shut down by another rank go after the others (a rank
-    exiting with an error can take longer to finish than its peers take to notice).
+    exiting with an error can take longer to finish than its peers take to notice),
+    and so do ranks that found their own host cut off from rank 0's (`cut_off`:
+    rank 0's record names the lost host; Note [host liveness] in ops/core/liveness.h).
     """
     ordered = sorted(records, key=lambda r: r.get("time", 0.0))
-    return sorted(ordered, key=lambda r: is_casualty(text_of(r)))
+    return sorted(ordered, key=lambda r: (is_casualty(text_of(r)), bool(r.get("cut_off"))))
 
 
 def failure_report(records: list[dict], mpiexec_code: int, tails: dict,

@@ -33,6 +33,7 @@ class Knobs:
     stall_check_seconds: Optional[float] = None
     no_stall_check: bool = False
     stall_shutdown_seconds: Optional[float] = None
+    liveness_seconds: Optional[float] = None
     log_level: Optional[str] = None
 
 
@@ -78,6 +79,8 @@ def knob_env(knobs: Knobs, cwd: Optional[str] = None) -> dict[str, str]:
         env[config.STALL_CHECK_DISABLE] = "1"
     if knobs.stall_shutdown_seconds is not None:
         env[config.STALL_SHUTDOWN_SECONDS] = _number(knobs.stall_shutdown_seconds)
+    if knobs.liveness_seconds is not None:
+        env[config.LIVENESS_SECONDS] = _number(knobs.liveness_seconds)
     if knobs.log_level is not None:
         level = knobs.log_level.lower()
         if level not in LOG_LEVELS:

@@ -47,7 +47,9 @@ TAIL_LINES = 20
 # None), last_lines (up to TAIL_LINES), time (time.time() of the failure),
 # host, pid and, when the rank wrote it itself, reason; the engine's watchdog
 # adds silent_ranks, the ranks that did not answer it (the launcher counts
-# their hosts as the failed ones when it resizes an elastic job). Written atomically by
+# their hosts as the failed ones when it resizes an elastic job), and the
+# watchdog of a rank that found its own host cut off from rank 0's sets
+# cut_off (Note [host liveness] in ops/core/liveness.h). Written atomically by
 # this shim when its child fails, or by the rank itself before it aborts the
 # job (hvdkeras/engine/failfast.py, which cannot import this module: it lies
 # below the runner); read by the launcher (read_statuses, failures.py).

@@ -52,7 +52,11 @@ int hvdkeras_engine_start(int fortran_comm, const char* settings, char* error,
     MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
     s = hvdkeras::Engine::Instance().Start(comm, config);
     // See Note [bounded waits] in watchdog.h.
-    if (s.ok()) s = hvdkeras::Watchdog::Instance().Start(comm, config.stall_shutdown_seconds);
+    if (s.ok()) {
+      s = hvdkeras::Watchdog::Instance().Start(
+          comm, config.stall_shutdown_seconds,
+          hvdkeras::LivenessBound(config.liveness_seconds, config.stall_shutdown_seconds));
+    }
   }
   if (!s.ok()) {
     CopyText(s.message, error, error_capacity);

@@ -70,7 +70,7 @@ std::string JsonString(const std::string& text) {
 // (HVDKERAS_FAILURE_RECORD; format: Note [failure record] in
 // hvdkeras/runner/rank_shim.py), so the launcher names this rank and why.
 void WriteFailureRecord(int rank, const std::string& reason, const std::string& message,
-                        const std::vector<int>& silent) {
+                        const std::vector<int>& silent, bool cut_off = false) {
   const char* path = std::getenv("HVDKERAS_FAILURE_RECORD");
   if (!path || !*path) return;
   const char* attempt = std::getenv("HVDKERAS_ATTEMPT");
@@ -95,6 +95,7 @@ void WriteFailureRecord(int rank, const std::string& reason, const std::string& 
         << ", \"exit_code\": 1, \"signal\": null, \"last_lines\": " << lines
         << ", \"time\": " << now << ", \"host\": " << JsonString(host)
         << ", \"pid\": " << getpid() << ", \"reason\": " << JsonString(reason)
+        << ", \"cut_off\": " << (cut_off ? "true" : "false")
         << ", \"silent_ranks\": [";
     for (size_t i = 0; i < silent.size(); ++i) out << (i ? ", " : "") << silent[i];
     out << "]}";
@@ -125,7 +126,7 @@ Watchdog& Watchdog::Instance() {
   return *watchdog;
 }
 
-Status Watchdog::Start(MPI_Comm comm, double bound_seconds) {
+Status Watchdog::Start(MPI_Comm comm, double bound_seconds, double liveness_seconds) {
   std::unique_lock<std::mutex> lock(mu_);
   if (running_) return Status::OK();
   if (MPI_Comm_dup(comm, &comm_) != MPI_SUCCESS) {
@@ -138,6 +139,7 @@ Status Watchdog::Start(MPI_Comm comm, double bound_seconds) {
   MPI_Query_thread(&provided);
   can_ask_ = provided == MPI_THREAD_MULTIPLE;
   bound_seconds_ = bound_seconds;
+  liveness_.Start(comm_, liveness_seconds);
   stop_ = false;
   running_ = true;
   activity_.clear();
@@ -153,6 +155,7 @@ void Watchdog::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  liveness_.Stop();
   std::lock_guard<std::mutex> lock(mu_);
   {
     std::lock_guard<std::mutex> sends(send_mu_);
@@ -217,7 +220,7 @@ void Watchdog::AnswerQuestions() {
   std::string question;
   int from = 0;
   while (TakeMessage(comm_, MPI_ANY_SOURCE, kQuestionTag, &question, &from)) {
-    Send(from, kAnswerTag, question + "\n" + Describe());
+    if (!Silent(from)) Send(from, kAnswerTag, question + "\n" + Describe());
   }
 }
 
@@ -238,6 +241,10 @@ std::map<int, std::string> Watchdog::Ask(const std::vector<int>& ranks, double w
   for (int r : ranks) {
     if (r == rank_) {
       answers[r] = Describe();
+    } else if (Silent(r)) {
+      answers[r] = "no answer: not asked, since nothing has come from its host (" +
+                   liveness_.HostOf(r) + ") for " + Seconds(liveness_.SilentFor(r)) +
+                   " s (its link is down, or the host or its process is gone or stopped)";
     } else if (r >= 0 && r < size_) {
       Send(r, kQuestionTag, id);
       waiting.push_back(r);
@@ -273,6 +280,9 @@ void Watchdog::Loop() {
     const std::vector<const EngineActivity*> watched = watched_;
     lock.unlock();
     if (can_ask_) AnswerQuestions();
+    const Liveness::Verdict verdict = liveness_.Poll();
+    if (!verdict.lost_hosts.empty()) EndLostHosts(verdict);
+    if (verdict.cut_off) EndCutOff(verdict.silent_seconds);
     for (const EngineActivity* activity : watched) {
       double seconds = 0.0;
       const EngineActivity::Phase phase = activity->phase(&seconds);
@@ -286,6 +296,7 @@ void Watchdog::Loop() {
 }
 
 void Watchdog::EndJob(const EngineActivity& stuck, double seconds) {
+  if (rank_ != 0 && Silent(0)) EndCutOff(liveness_.SilentFor(0));
   std::ostringstream out;
   out << "hvdkeras: ERROR: rank " << rank_ << "'s engine has stayed " << Seconds(seconds)
       << " s in one step, longer than HVDKERAS_STALL_SHUTDOWN_SECONDS ("
@@ -322,6 +333,55 @@ void Watchdog::EndJob(const EngineActivity& stuck, double seconds) {
   WaitForReaders();
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; this keeps the promise if it does
+}
+
+}  // namespace hvdkeras
+
+namespace hvdkeras {
+
+bool Watchdog::Silent(int rank) const {
+  return liveness_.SilentFor(rank) > 3 * liveness_.BeatSeconds();
+}
+
+void Watchdog::EndLostHosts(const Liveness::Verdict& verdict) {
+  std::string hosts, ranks;
+  for (const std::string& host : verdict.lost_hosts) hosts += (hosts.empty() ? "" : ", ") + host;
+  for (int r : verdict.lost_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  const std::string reason = "lost host(s) " + hosts + ": nothing from rank(s) " + ranks +
+                             " for " + Seconds(verdict.silent_seconds) + " s";
+  const std::string text =
+      "hvdkeras: ERROR: host(s) " + hosts + " (rank(s) " + ranks + ") sent nothing for " +
+      Seconds(verdict.silent_seconds) + " s, longer than the liveness bound (" +
+      Seconds(liveness_.bound_seconds()) +
+      " s: HVDKERAS_LIVENESS_SECONDS, at most half of HVDKERAS_STALL_SHUTDOWN_SECONDS): the "
+      "link to it is down, or the host or hvdkeras's processes on it are gone or stopped. "
+      "A rank that is only slow keeps beating and is never taken for lost. Ending the whole "
+      "job (MPI abort).\n";
+  WriteFailureRecord(rank_, reason, text, verdict.lost_ranks);
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+  WaitForReaders();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+void Watchdog::EndCutOff(double silent_seconds) {
+  char host[256] = "?";
+  gethostname(host, sizeof(host) - 1);
+  const std::string root = liveness_.HostOf(0);
+  const std::string reason = "cut off from rank 0's host " + root + " (nothing from it for " +
+                             Seconds(silent_seconds) + " s)";
+  const std::string text =
+      "hvdkeras: ERROR: rank " + std::to_string(rank_) + " on " + host +
+      " has heard nothing from rank 0 (on " + root + ") for " + Seconds(silent_seconds) +
+      " s, longer than the liveness bound (" + Seconds(liveness_.bound_seconds()) +
+      " s): this host's link is down, or rank 0's host is gone. Ending this rank without "
+      "MPI (its peers cannot be reached); rank 0 ends the others.\n";
+  WriteFailureRecord(rank_, reason, text, {}, /*cut_off=*/true);
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+  WaitForReaders();
+  std::_Exit(1);
 }
 
 }  // namespace hvdkeras

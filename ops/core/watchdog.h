@@ -42,6 +42,7 @@
 
 #include "core/common.h"
 #include "core/engine_activity.h"
+#include "core/liveness.h"
 
 namespace hvdkeras {
 
@@ -50,8 +51,10 @@ class Watchdog {
   static Watchdog& Instance();
 
   // Starts the thread on a private duplicate of `comm` (collective over it)
-  // with `bound_seconds` (0: never end the job; questions still answered).
-  Status Start(MPI_Comm comm, double bound_seconds);
+  // with `bound_seconds` (0: never end the job; questions still answered)
+  // and host liveness bounded by `liveness_seconds` (0: off; see Note [host
+  // liveness] in liveness.h).
+  Status Start(MPI_Comm comm, double bound_seconds, double liveness_seconds);
   // Stops the thread and frees the communicator (local).
   void Stop();
 
@@ -74,6 +77,13 @@ class Watchdog {
   void AnswerQuestions();
   // An engine stuck past the bound: say what every rank does, end the job.
   [[noreturn]] void EndJob(const EngineActivity& stuck, double seconds);
+  // Rank 0: hosts fell silent; name them and end the job.
+  [[noreturn]] void EndLostHosts(const Liveness::Verdict& verdict);
+  // Another rank: rank 0 fell silent; this host is the one cut off.
+  [[noreturn]] void EndCutOff(double silent_seconds);
+  // Whether liveness has heard nothing from `rank` for a few beats, so that
+  // no MPI message may go to it (Note [host liveness]).
+  bool Silent(int rank) const;
 
   std::mutex mu_;  // everything below but the atomics
   std::condition_variable cv_;
@@ -85,6 +95,7 @@ class Watchdog {
   int size_ = 1;
   bool can_ask_ = false;
   double bound_seconds_ = 0.0;
+  Liveness liveness_;
   std::vector<const EngineActivity*> watched_;
   std::string activity_;
   double activity_since_ = 0.0;

@@ -18,7 +18,8 @@ TEST(DefaultsDescribeEverySettingInTableOrder) {
   const std::string text = DescribeEngineSettings(EngineConfig());
   CHECK_EQ(text,
            std::string("fusion_threshold=67108864\ncycle_time_ms=1\ncache_capacity=1024\n"
-                       "stall_check_seconds=60\nstall_shutdown_seconds=1800\ntimeline_path=\n"
+                       "stall_check_seconds=60\nstall_shutdown_seconds=1800\nliveness_seconds=60\n"
+                       "timeline_path=\n"
                        "timeline_mark_cycles=0\nautotune=0\nautotune_log=\n"
                        "allreduce_chunk_bytes=1048576\nshm_allreduce=1\nhierarchical_allreduce=auto\n"
                        "ring_collectives=auto\nring_min_bytes=1048576\n"

@@ -1,0 +1,100 @@
+// Liveness: telling a lost host from a slow one.
+//
+// Note [host liveness]
+// ~~~~~~~~~~~~~~~~~~~~
+// A cut link or a host that lost power leaves the other hosts' ranks inside
+// MPI calls that never return, and the stall bound (Note [hang bound] in
+// engine_settings.def) is long on purpose, because slow ranks are normal. So
+// rank 0 and every rank on another host than rank 0's exchange one byte each
+// beat (a second, or a tenth of the bound when that is shorter) over TCP
+// connections of their own, sent and read by the watchdog thread (C++, no
+// GIL): a rank whose Python sleeps or computes for an hour still beats, so
+// only a host that cannot be reached falls silent.
+// - Rank 0 takes a host for lost when none of its watched ranks has been
+//   heard for the bound (liveness_seconds, and at most half the stall bound,
+//   so that liveness, not the stall, answers a cut link). It ends the job
+//   naming that host and its ranks, which its failure record lists as the
+//   silent ones (the launcher leaves the host out of an elastic restart).
+// - A rank that hears nothing from rank 0 for the bound takes its own host
+//   for the one cut off (rank 0 is the reference: with two sides that cannot
+//   see each other, only one may call the other lost). It ends itself, and
+//   its record says it was cut off, so the launcher does not blame rank 0's
+//   host for it.
+// - Neither side sends an MPI message to a silent rank: once the transport
+//   (UCX) has given up on a peer behind a cut link, an MPI send to it
+//   crashes the sender inside MPI (SIGSEGV in MPI_Isend, measured with
+//   MPICH 5 and UCX on the network lab). The watchdog's questions skip
+//   ranks this file reports silent for a few beats.
+// These connections are not MPI's, so they need no MPI_THREAD_MULTIPLE. A
+// connection that closes means the process ended (normally, or killed: the
+// launcher sees that on its own) and stops being watched; the rank says
+// goodbye first when it stops its engine. Ranks on rank 0's own host are not
+// watched: a link cannot separate them, a process that dies is seen by the
+// launcher, and one that is only stopped falls under the stall bound.
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+#include "core/liveness_rules.h"
+
+namespace hvdkeras {
+
+class Liveness {
+ public:
+  struct Verdict {
+    // Rank 0: hosts none of whose watched ranks has been heard for the
+    // bound, and those ranks.
+    std::vector<std::string> lost_hosts;
+    std::vector<int> lost_ranks;
+    // Another rank: rank 0 has not been heard for the bound.
+    bool cut_off = false;
+    double silent_seconds = 0.0;
+  };
+
+  ~Liveness() { Stop(); }
+
+  // Collective over `comm`. bound_seconds <= 0 on any rank turns liveness
+  // off on all. Never fails the caller: a rank that cannot reach rank 0's
+  // host is left unwatched, and rank 0 warns once, naming it.
+  void Start(MPI_Comm comm, double bound_seconds);
+  // Sends the beats that are due, reads what arrived and judges. Watchdog
+  // thread only.
+  Verdict Poll();
+  // Seconds since `rank` was last heard from (0 when it is not watched from
+  // here, or has been heard within a beat and a half). Any thread.
+  double SilentFor(int rank) const;
+  std::string HostOf(int rank) const;
+  double BeatSeconds() const;
+  double bound_seconds() const;
+  // Says goodbye to every peer and closes the connections (local).
+  void Stop();
+
+ private:
+  struct Peer {
+    int fd = -1;  // -1 once closed; a closed peer may still be watched (silent)
+    int rank = -1;
+    double last_heard = 0.0;
+    bool watched = true;  // false once its process said goodbye or ended
+  };
+  // mu_ held.
+  void Beat(double now);
+  void Read(double now);
+  void Close(Peer* peer, bool gone);
+
+  mutable std::mutex mu_;
+
+  double bound_seconds_ = 0.0;
+  double interval_seconds_ = 1.0;
+  double last_beat_ = 0.0;
+  int rank_ = 0;
+  std::vector<std::string> hosts_;  // by rank
+  std::vector<Peer> peers_;         // rank 0: one per watched rank; others: rank 0
+};
+
+}  // namespace hvdkeras
