@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from typing import Sequence
 
 from hvdkeras.runner import mpi_env, slurm
+from hvdkeras.runner.remote import picks_own_launcher
 from hvdkeras.runner.hosts import hosts_argument
 from hvdkeras.runner.knobs import LOG_LEVELS, Knobs, knob_env
 from hvdkeras.runner.launch import launch, resolve_mpiexec
@@ -80,16 +82,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return subprocess.call([sys.executable, "-m", "hvdkeras.cli", "check"])
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        # Inside a Slurm allocation its hosts and task count are the defaults.
-        slurm_hosts = None if args.hosts or args.hostfile else slurm.allocation_hosts(os.environ)
-        if args.np is None:
-            args.np = slurm.allocation_np(os.environ)
+        # Inside a Slurm allocation its hosts and task count are the defaults,
+        # and its other nodes are reached through Slurm.
+        slurm_hosts, args.np, through_slurm = slurm.allocation_launch(
+            os.environ, args.hosts, args.hostfile, args.np, args.ssh_command)
+        # --mpi-args that choose how processes start win.
+        through_slurm = through_slurm and not picks_own_launcher(shlex.split(args.mpi_args))
     except ValueError as exc:
         print(f"hvdkerasrun: error: {exc}", file=sys.stderr)
         return 2
     if slurm_hosts:
         args.hosts = hosts_argument(slurm_hosts)
-        log(f"hosts from the Slurm allocation: {args.hosts}")
+        log(f"hosts from the Slurm allocation: {args.hosts}"
+            + (" (started through srun)" if through_slurm else ""))
     if args.np is None:
         parser.error("-np N is required (outside a Slurm allocation)")
     if not command:
@@ -109,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose:
             mpiexec, vendor, library = resolve_mpiexec(command)
             log(f"mpiexec {mpiexec} ({mpi_env.VENDOR_NAMES[vendor]}) for libmpi {library.path}")
-        remote = remote_access_from_args(args)
+        remote = remote_access_from_args(args, through_slurm=through_slurm)
         return launch(command, args.np, hosts=args.hosts, hostfile=args.hostfile, env=env,
                       output_dir=args.output_dir, max_restarts=args.max_restarts,
                       prefix_output=not args.no_prefix, min_np=args.min_np, max_np=args.max_np,

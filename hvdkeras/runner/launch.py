@@ -271,7 +271,7 @@ def _remote_access(access: remote_access.RemoteAccess, host_list: Optional[list[
         ValueError: naming the hosts that could not be reached.
     """
     far = []
-    own_launcher = remote_access.picks_own_launcher(user_args)
+    own_launcher = remote_access.picks_own_launcher(user_args) or access.through_slurm
     if host_list and not own_launcher:
         far = remote_access.remote_hosts([h.host for h in host_list],
                                          remote_access.this_machine_names())

@@ -41,6 +41,10 @@ class RemoteAccess:
         and data traffic uses on every host.
     launcher_address: the address the other hosts reach this machine at
         (default: its hostname).
+    through_slurm: the hosts are the nodes of the Slurm allocation this
+        launcher runs in: processes start there through Slurm (Hydra's
+        `-launcher slurm`, which calls srun; Open MPI finds the allocation
+        itself), not ssh, and nothing is checked with ssh first.
     """
 
     ssh_command: str = "ssh"
@@ -48,6 +52,7 @@ class RemoteAccess:
     identity_file: Optional[str] = None
     network_interfaces: tuple = ()
     launcher_address: Optional[str] = None
+    through_slurm: bool = False
 
     def is_default(self) -> bool:
         return self == RemoteAccess()
@@ -95,7 +100,9 @@ def mpiexec_args(access: RemoteAccess, vendor: str, script: Optional[str],
             args += ["--mca", "btl_tcp_if_include", interfaces,
                      "--mca", "oob_tcp_if_include", interfaces]
         return args
-    if script is not None:
+    if access.through_slurm:
+        args += ["-launcher", "slurm"]
+    elif script is not None:
         args += ["-launcher", "ssh", "-launcher-exec", script]
     if access.launcher_address:
         args += ["-localhost", access.launcher_address]

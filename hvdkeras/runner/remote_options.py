@@ -30,10 +30,11 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
                             "its name)")
 
 
-def remote_access_from_args(args: argparse.Namespace) -> RemoteAccess:
-    """The `RemoteAccess` the options of `add_remote_arguments` describe."""
+def remote_access_from_args(args: argparse.Namespace, through_slurm: bool = False) -> RemoteAccess:
+    """The `RemoteAccess` the options of `add_remote_arguments` describe
+    (`through_slurm`: the hosts are a Slurm allocation's, reached with srun)."""
     interfaces = tuple(name.strip() for name in (args.network_interfaces or "").split(",")
                        if name.strip())
     return RemoteAccess(ssh_command=args.ssh_command, ssh_port=args.ssh_port,
                         identity_file=args.ssh_identity_file, network_interfaces=interfaces,
-                        launcher_address=args.launcher_address)
+                        launcher_address=args.launcher_address, through_slurm=through_slurm)

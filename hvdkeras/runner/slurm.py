@@ -1,7 +1,9 @@
 """The hosts, slots and rank count of a Slurm allocation, from the variables
 Slurm sets inside it (``SLURM_JOB_NODELIST``, ``SLURM_TASKS_PER_NODE``,
-``SLURM_NTASKS``), so that ``hvdkerasrun`` inside ``salloc``/``sbatch`` needs
-neither ``-H`` nor ``-np``.
+``SLURM_NTASKS``), so that ``hvdkerasrun`` and ``hvdkeras train`` inside
+``salloc``/``sbatch`` need neither ``-H`` nor ``-np``, and start the ranks on
+the allocation's other nodes through Slurm (``srun``), as its nodes need run
+no ssh server.
 
 Pure functions of an environment mapping: nothing here runs Slurm.
 """
@@ -139,3 +141,36 @@ def allocation_np(env: Mapping[str, str]) -> Optional[int]:
             raise ValueError(f"{NTASKS}={raw!r} is not a positive whole number.")
         return int(raw)
     return sum(h.slots for h in hosts)
+
+
+def allocation_launch(env: Mapping[str, str], hosts: Optional[str], hostfile: Optional[str],
+                      np: Optional[int], ssh_command: str) -> tuple[Optional[list[HostSlots]],
+                                                                    Optional[int], bool]:
+    """What a launcher takes from the allocation it runs in. Pure.
+
+    Args:
+        env: The launcher's environment.
+        hosts, hostfile, np: What the user gave (None: not given).
+        ssh_command: The user's --ssh-command ("ssh" when not given).
+
+    Returns:
+        (the allocation's hosts when the user named none, else None;
+        the rank count, `np` or SLURM_NTASKS; whether other nodes are reached
+        through Slurm rather than ssh: inside an allocation whose hosts are
+        used, unless the user chose an ssh command).
+
+    Raises:
+        ValueError: for Slurm variables that cannot be read.
+
+    Example:
+
+    ```python
+    allocation_launch({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+                       "SLURM_NTASKS": "2"}, None, None, None, "ssh")
+    # ([HostSlots("n1", 1), HostSlots("n2", 1)], 2, True)
+    ```
+    """
+    found = None if hosts or hostfile else allocation_hosts(env)
+    if np is None:
+        np = allocation_np(env)
+    return found, np, bool(found) and ssh_command == "ssh"
