@@ -35,6 +35,7 @@ from hvdkeras.recipes.yaml_source import SourceError, load_file
 from hvdkeras.report import ReportError, write_report
 from hvdkeras.report.run_data import SUMMARY_NAME
 from hvdkeras.runner import startup_noise
+from hvdkeras.runner import slurm
 from hvdkeras.runner.knobs import LOG_LEVELS
 from hvdkeras.runner.remote_options import add_remote_arguments, remote_access_from_args
 
@@ -177,8 +178,9 @@ def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _configure_train(parser: argparse.ArgumentParser) -> None:
     _add_recipe_arguments(parser)
-    parser.add_argument("--np", "-n", dest="np", type=int, default=1,
-                        help="number of ranks (processes); default 1")
+    parser.add_argument("--np", "-n", dest="np", type=int, default=None,
+                        help="number of ranks (processes); default 1, or inside a Slurm "
+                             "allocation SLURM_NTASKS on its hosts")
     parser.add_argument("--hosts", default=None, help="comma-separated hosts (with --np > 1)")
     parser.add_argument("--hostfile", default=None, help="a hostfile (with --np > 1)")
     parser.add_argument("--max-restarts", type=int, default=0,
@@ -210,6 +212,11 @@ def _load_recipe_or_report(recipe: str, overrides, environment: bool = True,
 @command("train", help="train a YAML recipe on N ranks (validated before anything starts)",
          configure=_configure_train)
 def _train(args: argparse.Namespace) -> int:
+    try:  # inside a Slurm allocation: its hosts and tasks, reached through Slurm
+        args.hosts, args.np, through_slurm = slurm.train_launch(os.environ, args)
+    except ValueError as error:
+        print(f"hvdkeras: error: {error}", file=sys.stderr)
+        return 2
     if args.np < 1:
         print(f"hvdkeras: error: --np must be at least 1, got {args.np}", file=sys.stderr)
         return 2
@@ -241,7 +248,8 @@ def _train(args: argparse.Namespace) -> int:
                                           hostfile=args.hostfile, env=env,
                                           max_restarts=args.max_restarts, min_np=args.min_np,
                                           max_np=args.max_np,
-                                          remote=remote_access_from_args(args))
+                                          remote=remote_access_from_args(
+                                              args, through_slurm=through_slurm))
         except ValueError as error:
             print(f"hvdkeras: error: {error}", file=sys.stderr)
             return 2

@@ -71,6 +71,22 @@ BUCKET_BYTES = "HVDKERAS_BUCKET_BYTES"
 # the link. hvdkeras sets these where they are not set, before MPI starts
 # (`init()`, and every rank hvdkerasrun starts).
 MPI_TRANSPORT_DEFAULTS = {"UCX_RNDV_THRESH": "2mb"}
+# Note [ranks started by srun]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Ranks that `srun --mpi=pmi2` starts itself (no hvdkerasrun, no mpiexec)
+# exchange their network addresses through Slurm's PMI-2 plugin, which
+# MPICH's PMI client talks to. With MPICH's UCX network module that exchange
+# fails once TensorFlow and hvdkeras's libraries are in the process: MPICH
+# splits the addresses into many long `put` requests and Slurm 22.05's plugin
+# rejects them ("mpi/pmi2: value not properly terminated in client
+# request"), so MPI_Init fails on every rank (measured on the lab's Slurm
+# cluster; plain mpi4py, whose exchange is short, starts, and so does every
+# job that hvdkerasrun starts inside an allocation, whose PMI server is
+# Hydra's). MPICH's libfabric module with its tcp provider exchanges short
+# addresses and starts, so hvdkeras chooses it there where the user chose no
+# network module. It is the one place the transport differs from
+# hvdkerasrun's; docs/launching.md says so.
+SRUN_PMI2_TRANSPORT_DEFAULTS = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 # Where rank 0 writes hvdkeras.elastic state commits (hvdkeras/training/elastic_state.py).
 ELASTIC_STATE_DIR = "HVDKERAS_ELASTIC_STATE_DIR"
 # The log level of `--log-level` (hvdkerasrun, hvdkeras): trace, debug, info,
@@ -297,13 +313,18 @@ def bucket_bytes(default: int, env: Optional[Mapping[str, str]] = None) -> int:
 
 def transport_defaults(env: Mapping[str, str]) -> dict:
     """The variables of `MPI_TRANSPORT_DEFAULTS` that `env` does not set
-    (Note [eager ring segments]). Pure.
+    (Note [eager ring segments]), and under `srun --mpi=pmi2` those of
+    `SRUN_PMI2_TRANSPORT_DEFAULTS` (Note [ranks started by srun]). Pure.
 
     Example:
         >>> transport_defaults({"UCX_RNDV_THRESH": "inf"})
         {}
     """
-    return {k: v for k, v in MPI_TRANSPORT_DEFAULTS.items() if not env.get(k, "").strip()}
+    wanted = dict(MPI_TRANSPORT_DEFAULTS)
+    if (env.get("SLURM_MPI_TYPE", "").strip() == "pmi2" and env.get("PMI_FD", "").strip()
+            and not env.get("MPIR_CVAR_CH4_NETMOD", "").strip()):
+        wanted.update(SRUN_PMI2_TRANSPORT_DEFAULTS)  # Note [ranks started by srun]
+    return {k: v for k, v in wanted.items() if not env.get(k, "").strip()}
 
 
 def source_of(env: Mapping[str, str], key: str) -> str:

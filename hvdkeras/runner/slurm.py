@@ -14,7 +14,7 @@ import itertools
 import re
 from typing import Mapping, Optional
 
-from hvdkeras.runner.hosts import HostSlots
+from hvdkeras.runner.hosts import HostSlots, hosts_argument
 
 JOB_ID = "SLURM_JOB_ID"
 NODELIST = "SLURM_JOB_NODELIST"
@@ -174,3 +174,18 @@ def allocation_launch(env: Mapping[str, str], hosts: Optional[str], hostfile: Op
     if np is None:
         np = allocation_np(env)
     return found, np, bool(found) and ssh_command == "ssh"
+
+
+def train_launch(env: Mapping[str, str], args) -> tuple[Optional[str], int, bool]:
+    """(hosts, np, through_slurm) for `hvdkeras train` (`args`: its parsed
+    options, with `np` None when not given): the allocation's hosts and
+    tasks inside Slurm when there is more than one rank, else what the user
+    gave with one rank by default. Ray places its own ranks. Pure."""
+    if getattr(args, "engine", None) == "ray":
+        return args.hosts, 1 if args.np is None else args.np, False
+    found, np, through_slurm = allocation_launch(env, args.hosts, args.hostfile, args.np,
+                                                 args.ssh_command)
+    np = 1 if np is None else np
+    if found and np > 1:
+        return hosts_argument(found), np, through_slurm
+    return args.hosts, np, False
