@@ -47,4 +47,16 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
   fi
   echo "$WANTED" > "$STAMP"
 fi
+# The cluster tests' system packages (tests/test_slurm_cluster.py): Debian's
+# Slurm and munge, installed only as root with apt; without them those tests
+# skip, saying why.
+if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1 \
+   && ! { command -v slurmctld && command -v munged; } >/dev/null 2>&1; then
+  echo "setup_env: installing slurm-wlm and munge for the Slurm cluster tests" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q slurm-wlm munge >&2 \
+    || { apt-get update -q >&2 && apt-get install -y -q slurm-wlm munge >&2; } \
+    || echo "setup_env: slurm-wlm and munge could not be installed; the Slurm cluster" \
+            "tests will skip" >&2
+fi
 echo "$VENV"

@@ -69,6 +69,43 @@ def test_node_and_task_counts_must_agree():
         slurm.allocation_hosts(env)
 
 
+def test_inside_an_allocation_ranks_start_through_slurm():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "2"}
+    hosts, np, through = slurm.allocation_launch(env, None, None, None, "ssh")
+    assert (hosts, np, through) == ([HostSlots("n1", 1), HostSlots("n2", 1)], 2, True)
+    # Hosts the user names, or an ssh command they chose, keep ssh.
+    assert slurm.allocation_launch(env, "a:1,b:1", None, 2, "ssh") == (None, 2, False)
+    assert slurm.allocation_launch(env, None, None, None, "my-ssh")[2] is False
+    assert slurm.allocation_launch({}, None, None, None, "ssh") == (None, None, False)
+
+
+def test_hvdkeras_train_reads_the_allocation_only_for_several_ranks():
+    from types import SimpleNamespace
+
+    def args(**given):
+        return SimpleNamespace(**{"engine": "mpi", "hosts": None, "hostfile": None, "np": None,
+                                  "ssh_command": "ssh", **given})
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "2"}
+    assert slurm.train_launch(env, args()) == ("n1:1,n2:1", 2, True)
+    assert slurm.train_launch({}, args()) == (None, 1, False)  # one rank, in this process
+    assert slurm.train_launch({**env, "SLURM_NTASKS": "1",
+                               "SLURM_JOB_NODELIST": "n1"}, args()) == (None, 1, False)
+    assert slurm.train_launch(env, args(engine="ray", np=3)) == (None, 3, False)
+
+
+def test_ranks_that_srun_starts_use_libfabric():
+    """Note [ranks started by srun] in hvdkeras/engine/config.py."""
+    from hvdkeras.engine.config import transport_defaults
+
+    srun = {"SLURM_MPI_TYPE": "pmi2", "PMI_FD": "11"}
+    assert transport_defaults(srun) == {"UCX_RNDV_THRESH": "2mb", "MPIR_CVAR_CH4_NETMOD": "ofi",
+                                        "FI_PROVIDER": "tcp"}
+    assert "MPIR_CVAR_CH4_NETMOD" not in transport_defaults({"PMI_FD": "11"})  # Hydra's ranks
+    chosen = transport_defaults({**srun, "MPIR_CVAR_CH4_NETMOD": "ucx"})
+    assert "FI_PROVIDER" not in chosen and "MPIR_CVAR_CH4_NETMOD" not in chosen
+
+
 def _slurm_env(**extra):
     env = dict(os.environ, SLURM_JOB_ID="1234", SLURM_JOB_NODELIST="localhost",
                SLURM_TASKS_PER_NODE="2", SLURM_NTASKS="2")
