@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""A Spark standalone cluster on the network lab's hosts.
+
+    sudo python scripts/sparklab.py up --hosts 3 [--name spark]   # prints the master's URL
+    sudo python scripts/sparklab.py down [--name spark]
+
+`up` makes a network lab (scripts/netlab.py: each host a network namespace
+with its own address, hostname, PIDs and /dev/shm) and starts Spark's own
+standalone daemons from the pyspark that the project's environment installs:
+the master on the first host and one worker per host (one core each, so a
+barrier stage of N tasks takes N hosts), each in the foreground, entered
+through the lab's ssh stand-in. A driver on this machine reaches the master
+at spark://10.<net>.0.1:7077 and must tell the executors its own address on
+the lab (`spark.driver.host`, 10.<net>.0.254). Logs lie under
+/run/sparklab-<name>/.
+
+Needs root, `ip`, `unshare`, java and pyspark. `check` says whether this
+machine can run the cluster, and why not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import netlab  # noqa: E402
+
+DEFAULT_NAME = "spark"
+DEFAULT_NET = 83
+MASTER_PORT = 7077
+START_TIMEOUT_S = 90
+
+
+def root_dir(name: str) -> Path:
+    return Path(f"/run/sparklab-{name}")
+
+
+def spark_home() -> Optional[Path]:
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    return Path(pyspark.__file__).resolve().parent
+
+
+def can_run() -> Optional[str]:
+    why = netlab.can_run()
+    if why:
+        return why
+    if shutil.which("java") is None:
+        return "java is not installed (Spark needs a JVM)"
+    if spark_home() is None:
+        return "pyspark is not installed (pip install -e '.[spark]')"
+    return None
+
+
+def master_url(lab: Dict) -> str:
+    return f"spark://{lab['hosts'][0]['address']}:{MASTER_PORT}"
+
+
+def _daemon(name: str, host: Dict, command: str, log: Path) -> int:
+    env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": host["address"],
+           "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(log.parent),
+           "SPARK_WORKER_DIR": str(log.parent / f"work-{host['host']}")}
+    out = open(log, "ab")
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(netlab.__file__)), "--name", name, "ssh", host["host"],
+         command], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True)
+    return proc.pid
+
+
+def _answers(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def up(name: str, count: int, net: int) -> Dict:
+    why = can_run()
+    if why:
+        raise SystemExit(f"sparklab: cannot run here: {why}")
+    down(name)
+    lab = netlab.up(name, count, net, None)
+    directory = root_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    spark_class = spark_home() / "bin" / "spark-class"
+    first = lab["hosts"][0]
+    pids = [_daemon(name, first, f"exec {spark_class} org.apache.spark.deploy.master.Master "
+                                 f"--host {first['address']} --port {MASTER_PORT} "
+                                 "--webui-port 8080", directory / "master.out")]
+    state = {"lab": lab, "master": master_url(lab), "pids": pids}
+    (directory / "state.json").write_text(json.dumps(state))
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _answers(first["address"], MASTER_PORT) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for h in lab["hosts"]:
+        pids.append(_daemon(name, h, f"exec {spark_class} org.apache.spark.deploy.worker.Worker "
+                                     f"--host {h['address']} --cores 1 --memory 3g "
+                                     f"{master_url(lab)}", directory / f"worker-{h['host']}.out"))
+    (directory / "state.json").write_text(json.dumps(state))
+    while time.monotonic() < deadline:
+        if all("Successfully registered with master" in _read(directory / f"worker-{h['host']}.out")
+               for h in lab["hosts"]):
+            return state
+        time.sleep(0.5)
+    logs = "".join(f"\n--- {p.name}\n{_read(p)[-1500:]}" for p in sorted(directory.glob("*.out")))
+    down(name)
+    raise RuntimeError(f"sparklab: the workers did not register in {START_TIMEOUT_S} s{logs}")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def down(name: str) -> None:
+    directory = root_dir(name)
+    try:
+        state = json.loads((directory / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        state = {"pids": []}
+    for pid in state["pids"]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    netlab.down(name)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", default=DEFAULT_NAME)
+    sub = parser.add_subparsers(dest="action", required=True)
+    p_up = sub.add_parser("up", help="make the hosts and start Spark on them")
+    p_up.add_argument("--hosts", type=int, default=3)
+    p_up.add_argument("--net", type=int, default=DEFAULT_NET, help="10.NET.0.0/24")
+    sub.add_parser("down", help="stop Spark and remove the lab")
+    sub.add_parser("check", help="whether this machine can run the cluster")
+    args = parser.parse_args(argv)
+    if args.action == "check":
+        why = can_run()
+        print(why or "this machine can run a Spark standalone cluster on a network lab")
+        return 1 if why else 0
+    if args.action == "up":
+        print(json.dumps(up(args.name, args.hosts, args.net), indent=1))
+    else:
+        down(args.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

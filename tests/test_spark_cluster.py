@@ -1,0 +1,119 @@
+"""hvdkeras on a Spark standalone cluster across the network lab's hosts.
+
+`scripts/sparklab.py` starts Spark's master on the first lab host and one
+worker of one core on each of three (hosts of their own: address, hostname,
+PIDs, /dev/shm), so a barrier stage of three tasks spans three hosts, as
+HorovodRunner's jobs do. A driver process on this machine
+(tests/scripts/spark_lab_driver.py) runs:
+
+* `hvdkeras.spark.run`: exact sums from ranks on three different hosts;
+* `KerasEstimator.fit` on the bundled digits, then `transform`: accuracy,
+  and the executors' addresses (three hosts);
+* a worker's host lost mid-run (link down, every process on it killed): the
+  run ends within the liveness bound with RankFailedError naming the host.
+
+They need root, `ip netns`, java and pyspark; elsewhere they skip, saying why.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpi_runner import _child_env, _kill_group, tail
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import netlab  # noqa: E402
+import sparklab  # noqa: E402
+
+NAME = "hvksp"
+NET = 84
+DRIVER = TESTS / "scripts" / "spark_lab_driver.py"
+LIVENESS_S = 10  # the lost-host run's HVDKERAS_LIVENESS_SECONDS
+WHY_NOT = sparklab.can_run()
+pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow,
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no Spark cluster here: {WHY_NOT}")]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    state = sparklab.up(NAME, 3, NET)
+    try:
+        yield state
+    finally:
+        sparklab.down(NAME)
+
+
+def driver(cluster: dict, mode: str, ready_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), cluster["master"], cluster["lab"]["launcher"], "3", mode,
+         str(ready_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, text=True, errors="replace",
+        env=_child_env({"HVDKERAS_TEST_LEAN_IMPORTS": "0"}),  # Spark's transform needs pandas
+        start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise AssertionError(f"the driver did not finish in {timeout} s:\n"
+                             f"{tail(proc.communicate(timeout=10)[0])}") from None
+    return out
+
+
+def executors(out: str) -> list:
+    match = re.search(r"^EXECUTORS (.*)$", out, re.M)
+    assert match, tail(out)
+    return match.group(1).split()
+
+
+@pytest.mark.timeout(400)
+def test_spark_run_puts_the_ranks_on_three_hosts(cluster, tmp_path):
+    out = finish(driver(cluster, "run", tmp_path), 300)
+    ranks = re.findall(r"RESULT rank (\d) host (\S+) sum 6\b", out)
+    assert sorted(r for r, _ in ranks) == ["0", "1", "2"], tail(out)
+    hosts = {h["host"] for h in cluster["lab"]["hosts"]}
+    assert {host for _, host in ranks} == hosts, (ranks, hosts)
+    assert len(executors(out)) == 3, tail(out)
+
+
+@pytest.mark.timeout(500)
+def test_keras_estimator_fits_across_three_hosts(cluster, tmp_path):
+    out = finish(driver(cluster, "estimator", tmp_path), 420)
+    match = re.search(r"RESULT accuracy ([\d.]+) rows 1797", out)
+    assert match and float(match.group(1)) > 0.9, tail(out)
+    assert executors(out) == sorted(h["address"] for h in cluster["lab"]["hosts"]), tail(out)
+
+
+@pytest.mark.timeout(400)
+def test_a_lost_worker_host_ends_the_run_naming_it(cluster, tmp_path):
+    proc = driver(cluster, "lost", tmp_path)
+    deadline = time.monotonic() + 240
+    while len(list(tmp_path.glob("ready.[0-9]"))) < 3 and time.monotonic() < deadline:
+        assert proc.poll() is None, tail(proc.communicate()[0])
+        time.sleep(0.5)
+    placed = {int(p.suffix[1:]): p.read_text() for p in tmp_path.glob("ready.[0-9]")}
+    assert len(placed) == 3, placed
+    # A worker's host that holds neither rank 0 nor the master.
+    master_host = cluster["lab"]["hosts"][0]["host"]
+    lost_rank, lost = next((r, h) for r, h in sorted(placed.items())
+                           if r != 0 and h not in (placed[0], master_host))
+    killed = netlab.crash(NAME, lost)
+    crashed_at = time.monotonic()
+    out = finish(proc, 200)
+    took = time.monotonic() - crashed_at
+    print(f"\nlost Spark worker host {lost} ({killed} processes killed): the run ended "
+          f"{took:.1f} s later")
+    assert re.search(rf"FAILED after .*host\(s\) {lost} \(rank\(s\) {lost_rank}\) sent nothing",
+                     out, re.S), tail(out)
+    assert "UNREACHABLE" not in out
+    assert took < LIVENESS_S + 40, took
