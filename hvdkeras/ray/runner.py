@@ -8,6 +8,7 @@ actors reach it, and ending the actors after a failure or a timeout.
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -21,6 +22,10 @@ from hvdkeras.runner.function_runner import RankFailedError
 from hvdkeras.runner.service import Service, new_secret
 
 WHAT = "hvdkeras.ray.run"
+# The address the actors reach this driver at, where Ray's own guess is not
+# it: a driver connected through Ray Client (ray://HOST:10001) from a machine
+# outside the cluster's network, where Ray names this machine's default route.
+DRIVER_HOST_ENV = "HVDKERAS_RAY_DRIVER_HOST"
 # Ray's placement strategies: SPREAD puts the ranks on as many nodes as it
 # can, PACK on as few; the STRICT_ forms fail instead of bending.
 PLACEMENTS = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
@@ -125,7 +130,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
     bundle = {"CPU": float(cpus_per_rank)}
     if gpus_per_rank:
         bundle["GPU"] = float(gpus_per_rank)
-    host = ray.util.get_node_ip_address()
+    host = os.environ.get(DRIVER_HOST_ENV, "").strip() or ray.util.get_node_ip_address()
     timed_out = False
     engine_error: Optional[BaseException] = None
     with Service(secret, state.handle, host=host, max_connections=4 * num_proc + 16) as service:

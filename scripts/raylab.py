@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""A Ray cluster on the network lab's hosts.
+
+    sudo python scripts/raylab.py up --hosts 3 [--name ray]   # prints the head's address
+    python scripts/netlab.py --name ray ssh ray-h0 'python driver.py'   # a driver on the head
+    sudo python scripts/raylab.py down [--name ray]
+
+`up` makes a network lab (scripts/netlab.py: each host a network namespace
+with its own address, hostname, PIDs and /dev/shm) and runs `ray start
+--head` on the first host and `ray start --address` on each other one, each
+in the foreground (`--block`) with one CPU, entered through the lab's ssh
+stand-in. A Ray driver must run on a node of the cluster: enter the head
+host with the lab's ssh stand-in and call `ray.init(address="auto")` (or
+the head's address). Logs lie under /run/raylab-<name>/.
+
+Needs root, `ip`, `unshare` and the `ray` command of the project's
+environment (the [ray] extra). `check` says whether this machine can run
+the cluster, and why not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import netlab  # noqa: E402
+
+DEFAULT_NAME = "ray"
+DEFAULT_NET = 85
+HEAD_PORT = 6379
+START_TIMEOUT_S = 120
+RAY = Path(sys.executable).parent / "ray"
+
+
+def root_dir(name: str) -> Path:
+    return Path(f"/run/raylab-{name}")
+
+
+def can_run() -> Optional[str]:
+    why = netlab.can_run()
+    if why:
+        return why
+    if not RAY.exists():
+        return f"{RAY} is not installed (pip install -e '.[ray]')"
+    return None
+
+
+def temp_dir(name: str, host: str) -> Path:
+    return root_dir(name) / "tmp" / host
+
+
+def lab_env() -> Dict[str, str]:
+    """The daemons' and drivers' environment: no usage reports, and no token
+    authentication (a token that an earlier local `ray.init()` left in
+    ~/.ray would switch it on for some processes and not others; the lab's
+    network is this machine's own)."""
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def head_address(lab: Dict) -> str:
+    return f"{lab['hosts'][0]['address']}:{HEAD_PORT}"
+
+
+def _daemon(name: str, host: str, command: str, log: Path) -> int:
+    out = open(log, "ab")
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(netlab.__file__)), "--name", name, "ssh", host, command],
+        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=lab_env(), start_new_session=True)
+    return proc.pid
+
+
+def on_host(name: str, host: str, command: str, timeout: float) -> subprocess.CompletedProcess:
+    """Runs `command` on a lab host and waits for it."""
+    return subprocess.run(
+        [sys.executable, str(Path(netlab.__file__)), "--name", name, "ssh", host, command],
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        env=lab_env())
+
+
+def alive_nodes(name: str, lab: Dict) -> int:
+    script = (f"import ray; ray.init(address='{head_address(lab)}', logging_level='ERROR', "
+              f"_temp_dir='{temp_dir(name, lab['hosts'][0]['host'])}'); "
+              "print('NODES', sum(1 for n in ray.nodes() if n['Alive']))")
+    try:
+        out = on_host(name, lab["hosts"][0]["host"], f"{sys.executable} -c \"{script}\"", 60)
+    except subprocess.TimeoutExpired:
+        return 0
+    for line in out.stdout.splitlines():
+        if line.startswith("NODES "):
+            return int(line.split()[1])
+    return 0
+
+
+def up(name: str, count: int, net: int) -> Dict:
+    why = can_run()
+    if why:
+        raise SystemExit(f"raylab: cannot run here: {why}")
+    down(name)
+    lab = netlab.up(name, count, net, None)
+    directory = root_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    first = lab["hosts"][0]
+    common = "--num-cpus 1 --object-store-memory 300000000 --block --disable-usage-stats"
+    # A temporary directory per host: the hosts share this filesystem, and
+    # each host's first process has pid 1, so their session names would meet.
+    pids = [_daemon(name, first["host"],
+                    f"exec {RAY} start --head --node-ip-address {first['address']} "
+                    f"--port {HEAD_PORT} --include-dashboard false "
+                    f"--temp-dir {temp_dir(name, first['host'])} {common}",
+                    directory / f"{first['host']}.out")]
+    state = {"lab": lab, "address": head_address(lab), "pids": pids}
+    (directory / "state.json").write_text(json.dumps(state))
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "Ray runtime started" not in _read(directory / f"{first['host']}.out"):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for h in lab["hosts"][1:]:
+        pids.append(_daemon(name, h["host"],
+                            f"exec {RAY} start --address {head_address(lab)} "
+                            f"--node-ip-address {h['address']} "
+                            f"--temp-dir {temp_dir(name, h['host'])} {common}",
+                            directory / f"{h['host']}.out"))
+    (directory / "state.json").write_text(json.dumps(state))
+    while time.monotonic() < deadline:
+        if alive_nodes(name, lab) >= count:
+            return state
+        time.sleep(1.0)
+    logs = "".join(f"\n--- {p.name}\n{_read(p)[-1500:]}" for p in sorted(directory.glob("*.out")))
+    down(name)
+    raise RuntimeError(f"raylab: the nodes did not join in {START_TIMEOUT_S} s{logs}")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def down(name: str) -> None:
+    directory = root_dir(name)
+    try:
+        state = json.loads((directory / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        state = {"pids": []}
+    for pid in state["pids"]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    netlab.down(name)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", default=DEFAULT_NAME)
+    sub = parser.add_subparsers(dest="action", required=True)
+    p_up = sub.add_parser("up", help="make the hosts and start Ray on them")
+    p_up.add_argument("--hosts", type=int, default=3)
+    p_up.add_argument("--net", type=int, default=DEFAULT_NET, help="10.NET.0.0/24")
+    sub.add_parser("down", help="stop Ray and remove the lab")
+    sub.add_parser("check", help="whether this machine can run the cluster")
+    args = parser.parse_args(argv)
+    if args.action == "check":
+        why = can_run()
+        print(why or "this machine can run a Ray cluster on a network lab")
+        return 1 if why else 0
+    if args.action == "up":
+        print(json.dumps(up(args.name, args.hosts, args.net), indent=1))
+    else:
+        down(args.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
