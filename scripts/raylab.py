@@ -118,7 +118,7 @@ def up(name: str, count: int, net: int) -> Dict:
                     f"--port {HEAD_PORT} --include-dashboard false "
                     f"--temp-dir {temp_dir(name, first['host'])} {common}",
                     directory / f"{first['host']}.out")]
-    state = {"lab": lab, "address": head_address(lab), "pids": pids}
+    state = {"lab": lab, "address": head_address(lab), "pids": pids}  # read by down()
     (directory / "state.json").write_text(json.dumps(state))
     deadline = time.monotonic() + START_TIMEOUT_S
     while "Ray runtime started" not in _read(directory / f"{first['host']}.out"):
@@ -159,6 +159,12 @@ def down(name: str) -> None:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    # A head started without a temporary directory of its own records its
+    # address for this machine's later ray.init() calls: not the lab's.
+    current = Path("/tmp/ray/ray_current_cluster")
+    lab = state.get("lab")
+    if lab and current.exists() and current.read_text().strip() == head_address(lab):
+        current.unlink()
     netlab.down(name)
     shutil.rmtree(directory, ignore_errors=True)
 
