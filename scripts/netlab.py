@@ -257,6 +257,35 @@ def ssh(name: str, argv: List[str]) -> int:
     return 0
 
 
+def start_daemon(name: str, host: str, command: str, log: Path,
+                 env: Optional[Dict[str, str]] = None) -> int:
+    """Starts `command` on a lab host (through `ssh`: its namespaces) in a
+    session of its own, as a cluster's daemon kept in the foreground, its
+    output appended to `log`. Returns the pid of the stand-in that holds it
+    (the session's leader: `stop_daemons` ends the whole session)."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--name", name, "ssh", host, command],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True)
+    return proc.pid
+
+
+def stop_daemons(state_file: Path) -> Dict:
+    """SIGKILLs the sessions of the daemons whose pids a cluster recorded in
+    `state_file` ({"pids": [...], ...}); returns that state ({} without one)."""
+    try:
+        state = json.loads(state_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    for pid in state.get("pids", []):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return state
+
+
 def link(name: str, host: str, state: str) -> None:
     h = find_host(load(name), host)
     run("ip", "link", "set", h["outer"], state)

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -71,12 +70,7 @@ def head_address(lab: Dict) -> str:
 
 
 def _daemon(name: str, host: str, command: str, log: Path) -> int:
-    out = open(log, "ab")
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(netlab.__file__)), "--name", name, "ssh", host, command],
-        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=lab_env(), start_new_session=True)
-    return proc.pid
+    return netlab.start_daemon(name, host, command, log, lab_env())
 
 
 def on_host(name: str, host: str, command: str, timeout: float) -> subprocess.CompletedProcess:
@@ -150,15 +144,7 @@ def _read(path: Path) -> str:
 
 def down(name: str) -> None:
     directory = root_dir(name)
-    try:
-        state = json.loads((directory / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        state = {"pids": []}
-    for pid in state["pids"]:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    state = netlab.stop_daemons(directory / "state.json")
     # A head started without a temporary directory of its own records its
     # address for this machine's later ray.init() calls: not the lab's.
     current = Path("/tmp/ray/ray_current_cluster")

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -136,17 +135,6 @@ def _start_munge() -> None:
     raise RuntimeError("slurmlab: munged did not start")
 
 
-def _daemon(name: str, host: str, command: str, log: Path) -> int:
-    """Starts `command` on a lab host (its namespaces), in the foreground of a
-    session of its own; returns the pid of the ssh stand-in that holds it."""
-    out = open(log, "ab")
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(netlab.__file__)), "--name", name, "ssh", host, command],
-        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True)
-    return proc.pid
-
-
 def scontrol(name: str, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "SLURM_CONF": str(conf_path(name))})
@@ -180,13 +168,13 @@ def up(name: str, count: int, net: int) -> Dict:
     (directory / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
     _start_munge()
     conf = conf_path(name)
-    pids = [_daemon(name, lab["hosts"][0]["host"], f"exec slurmctld -D -i -f {conf}",
-                    directory / "slurmctld.out")]
+    pids = [netlab.start_daemon(name, lab["hosts"][0]["host"], f"exec slurmctld -D -i -f {conf}",
+                                directory / "slurmctld.out")]
     time.sleep(1.0)
     for h in lab["hosts"]:
-        pids.append(_daemon(name, h["host"],
-                            f"{MOUNT_CGROUPS} && exec slurmd -D -N {h['host']} -f {conf}",
-                            directory / f"slurmd-{h['host']}.out"))
+        pids.append(netlab.start_daemon(
+            name, h["host"], f"{MOUNT_CGROUPS} && exec slurmd -D -N {h['host']} -f {conf}",
+            directory / f"slurmd-{h['host']}.out"))
     state = {"lab": lab, "conf": str(conf), "pids": pids}
     (directory / "state.json").write_text(json.dumps(state))
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -210,18 +198,9 @@ def up(name: str, count: int, net: int) -> Dict:
 def down(name: str) -> None:
     """Stops the daemons and removes the lab and the cluster's files."""
     directory = root_dir(name)
-    try:
-        state = json.loads((directory / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        state = {"pids": []}
-    for pid in state["pids"]:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    netlab.stop_daemons(directory / "state.json")
     netlab.down(name)
-    if directory.exists():
-        shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def main(argv: List[str]) -> int:

@@ -24,9 +24,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,12 +70,7 @@ def _daemon(name: str, host: Dict, command: str, log: Path) -> int:
     env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": host["address"],
            "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(log.parent),
            "SPARK_WORKER_DIR": str(log.parent / f"work-{host['host']}")}
-    out = open(log, "ab")
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(netlab.__file__)), "--name", name, "ssh", host["host"],
-         command], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True)
-    return proc.pid
+    return netlab.start_daemon(name, host["host"], command, log, env)
 
 
 def _answers(address: str, port: int) -> bool:
@@ -130,15 +123,7 @@ def _read(path: Path) -> str:
 
 def down(name: str) -> None:
     directory = root_dir(name)
-    try:
-        state = json.loads((directory / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        state = {"pids": []}
-    for pid in state["pids"]:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    netlab.stop_daemons(directory / "state.json")
     netlab.down(name)
     shutil.rmtree(directory, ignore_errors=True)
 
