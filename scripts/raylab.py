@@ -2,16 +2,18 @@
 """A Ray cluster on the network lab's hosts.
 
     sudo python scripts/raylab.py up --hosts 3 [--name ray]   # prints the head's address
-    python scripts/netlab.py --name ray ssh ray-h0 'python driver.py'   # a driver on the head
+    RAY_AUTH_MODE=disabled python driver.py     # ray.init("ray://10.85.0.1:10001")
     sudo python scripts/raylab.py down [--name ray]
 
 `up` makes a network lab (scripts/netlab.py: each host a network namespace
 with its own address, hostname, PIDs and /dev/shm) and runs `ray start
 --head` on the first host and `ray start --address` on each other one, each
 in the foreground (`--block`) with one CPU, entered through the lab's ssh
-stand-in. A Ray driver must run on a node of the cluster: enter the head
-host with the lab's ssh stand-in and call `ray.init(address="auto")` (or
-the head's address). Logs lie under /run/raylab-<name>/.
+stand-in. A driver on this machine joins through Ray Client,
+`ray.init("ray://10.<net>.0.1:10001")`, with RAY_AUTH_MODE=disabled and
+HVDKERAS_RAY_DRIVER_HOST=10.<net>.0.254 (where the actors reach it); a
+driver started on the head through the ssh stand-in hangs in ray.init.
+Logs lie under /run/raylab-<name>/.
 
 Needs root, `ip`, `unshare` and the `ray` command of the project's
 environment (the [ray] extra). `check` says whether this machine can run
@@ -36,6 +38,7 @@ import netlab  # noqa: E402
 DEFAULT_NAME = "ray"
 DEFAULT_NET = 85
 HEAD_PORT = 6379
+CLIENT_PORT = 10001  # Ray Client's server on the head (ray start --head's default)
 START_TIMEOUT_S = 120
 RAY = Path(sys.executable).parent / "ray"
 
@@ -73,20 +76,18 @@ def _daemon(name: str, host: str, command: str, log: Path) -> int:
     return netlab.start_daemon(name, host, command, log, lab_env())
 
 
-def on_host(name: str, host: str, command: str, timeout: float) -> subprocess.CompletedProcess:
-    """Runs `command` on a lab host and waits for it."""
-    return subprocess.run(
-        [sys.executable, str(Path(netlab.__file__)), "--name", name, "ssh", host, command],
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-        env=lab_env())
+def client_address(lab: Dict) -> str:
+    return f"ray://{lab['hosts'][0]['address']}:{CLIENT_PORT}"
 
 
-def alive_nodes(name: str, lab: Dict) -> int:
-    script = (f"import ray; ray.init(address='{head_address(lab)}', logging_level='ERROR', "
-              f"_temp_dir='{temp_dir(name, lab['hosts'][0]['host'])}'); "
+def alive_nodes(lab: Dict) -> int:
+    """Nodes alive, asked through Ray Client from this machine (a driver run
+    on the head through the ssh stand-in hangs in ray.init)."""
+    script = (f"import ray; ray.init({client_address(lab)!r}, logging_level='ERROR'); "
               "print('NODES', sum(1 for n in ray.nodes() if n['Alive']))")
     try:
-        out = on_host(name, lab["hosts"][0]["host"], f"{sys.executable} -c \"{script}\"", 60)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=60, stdin=subprocess.DEVNULL, env=lab_env())
     except subprocess.TimeoutExpired:
         return 0
     for line in out.stdout.splitlines():
@@ -127,7 +128,7 @@ def up(name: str, count: int, net: int) -> Dict:
                             directory / f"{h['host']}.out"))
     (directory / "state.json").write_text(json.dumps(state))
     while time.monotonic() < deadline:
-        if alive_nodes(name, lab) >= count:
+        if alive_nodes(lab) >= count:
             return state
         time.sleep(1.0)
     logs = "".join(f"\n--- {p.name}\n{_read(p)[-1500:]}" for p in sorted(directory.glob("*.out")))
