@@ -286,6 +286,44 @@ def stop_daemons(state_file: Path) -> Dict:
     return state
 
 
+def remove_cluster(name: str, directory: Path) -> Dict:
+    """Ends a cluster lab: its daemons (`stop_daemons` on directory/state.json),
+    the lab itself and the cluster's files. Returns the recorded state."""
+    state = stop_daemons(directory / "state.json")
+    down(name)
+    shutil.rmtree(directory, ignore_errors=True)
+    return state
+
+
+def cluster_main(argv: List[str], description: str, what: str, default_name: str,
+                 default_net: int, can_run_cluster, up_cluster, down_cluster,
+                 after_up=None) -> int:
+    """The command line every cluster lab shares: up --hosts N [--net K],
+    down and check, each with --name. `up` prints the cluster's state, then
+    `after_up(state)` when given (a line telling users how to reach it)."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    parser.add_argument("--name", default=default_name)
+    sub = parser.add_subparsers(dest="action", required=True)
+    p_up = sub.add_parser("up", help=f"make the hosts and start {what} on them")
+    p_up.add_argument("--hosts", type=int, default=3)
+    p_up.add_argument("--net", type=int, default=default_net, help="10.NET.0.0/24")
+    sub.add_parser("down", help=f"stop {what} and remove the lab")
+    sub.add_parser("check", help="whether this machine can run the cluster")
+    args = parser.parse_args(argv)
+    if args.action == "check":
+        why = can_run_cluster()
+        print(why or f"this machine can run a {what} cluster on a network lab")
+        return 1 if why else 0
+    if args.action == "up":
+        state = up_cluster(args.name, args.hosts, args.net)
+        print(json.dumps(state, indent=1))
+        if after_up:
+            print(after_up(state))
+    else:
+        down_cluster(args.name)
+    return 0
+
+
 def link(name: str, host: str, state: str) -> None:
     h = find_host(load(name), host)
     run("ip", "link", "set", h["outer"], state)

@@ -22,10 +22,8 @@ the cluster, and why not.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -144,37 +142,18 @@ def _read(path: Path) -> str:
 
 
 def down(name: str) -> None:
-    directory = root_dir(name)
-    state = netlab.stop_daemons(directory / "state.json")
+    state = netlab.remove_cluster(name, root_dir(name))
     # A head started without a temporary directory of its own records its
     # address for this machine's later ray.init() calls: not the lab's.
     current = Path("/tmp/ray/ray_current_cluster")
     lab = state.get("lab")
     if lab and current.exists() and current.read_text().strip() == head_address(lab):
         current.unlink()
-    netlab.down(name)
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--name", default=DEFAULT_NAME)
-    sub = parser.add_subparsers(dest="action", required=True)
-    p_up = sub.add_parser("up", help="make the hosts and start Ray on them")
-    p_up.add_argument("--hosts", type=int, default=3)
-    p_up.add_argument("--net", type=int, default=DEFAULT_NET, help="10.NET.0.0/24")
-    sub.add_parser("down", help="stop Ray and remove the lab")
-    sub.add_parser("check", help="whether this machine can run the cluster")
-    args = parser.parse_args(argv)
-    if args.action == "check":
-        why = can_run()
-        print(why or "this machine can run a Ray cluster on a network lab")
-        return 1 if why else 0
-    if args.action == "up":
-        print(json.dumps(up(args.name, args.hosts, args.net), indent=1))
-    else:
-        down(args.name)
-    return 0
+    return netlab.cluster_main(argv, __doc__, "Ray", DEFAULT_NAME, DEFAULT_NET, can_run, up,
+                               down)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ this machine can run the cluster, and why not.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -197,33 +196,12 @@ def up(name: str, count: int, net: int) -> Dict:
 
 def down(name: str) -> None:
     """Stops the daemons and removes the lab and the cluster's files."""
-    directory = root_dir(name)
-    netlab.stop_daemons(directory / "state.json")
-    netlab.down(name)
-    shutil.rmtree(directory, ignore_errors=True)
+    netlab.remove_cluster(name, root_dir(name))
 
 
 def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--name", default=DEFAULT_NAME)
-    sub = parser.add_subparsers(dest="action", required=True)
-    p_up = sub.add_parser("up", help="make the hosts and start Slurm on them")
-    p_up.add_argument("--hosts", type=int, default=3)
-    p_up.add_argument("--net", type=int, default=DEFAULT_NET, help="10.NET.0.0/24")
-    sub.add_parser("down", help="stop Slurm and remove the lab")
-    sub.add_parser("check", help="whether this machine can run the cluster")
-    args = parser.parse_args(argv)
-    if args.action == "check":
-        why = can_run()
-        print(why or "this machine can run a Slurm cluster on a network lab")
-        return 1 if why else 0
-    if args.action == "up":
-        state = up(args.name, args.hosts, args.net)
-        print(json.dumps(state, indent=1))
-        print(f"export SLURM_CONF={state['conf']}")
-    else:
-        down(args.name)
-    return 0
+    return netlab.cluster_main(argv, __doc__, "Slurm", DEFAULT_NAME, DEFAULT_NET, can_run, up,
+                               down, after_up=lambda state: f"export SLURM_CONF={state['conf']}")
 
 
 if __name__ == "__main__":
