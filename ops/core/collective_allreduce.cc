@@ -57,6 +57,12 @@ void FillFused(const std::vector<TensorRef*>& tensors, const std::vector<int64_t
 
 }  // namespace
 
+bool FoldsAtEverySize(const ExecContext& ctx, DataType dtype, ReduceOp op) {
+  return ctx.shm != nullptr && ctx.mpi.size() >= 3 && IsFloatingPoint(dtype) &&
+         (op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kProduct) &&
+         ctx.shm->HoldsWorld(ctx.mpi.rank());
+}
+
 Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   const Request& first = batch[0]->request;
   const DataType dtype = first.dtypes[0];
@@ -71,7 +77,8 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     auto fill_single = [&](int64_t b, int64_t e, char* dst) {
       ScaleCopy(dtype, input + b * static_cast<int64_t>(element), dst, e - b, first.prescale);
     };
-    const bool shm = ctx.shm && TensorBytes(t) >= kShmMinBytes;
+    const bool shm = ctx.shm && (TensorBytes(t) >= kShmMinBytes ||
+                                 FoldsAtEverySize(ctx, dtype, first.reduce_op));
     if (shm) {
       // See Note [shared outputs]: the result stays where it was reduced.
       std::shared_ptr<char> shared;
@@ -148,7 +155,8 @@ Status RunAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
     FillFused(tensors, offsets, total_bytes, dtype, first.prescale, b, e, dst);
   };
   const int64_t total = total_bytes / static_cast<int64_t>(element);
-  const bool shm = ctx.shm && total_bytes >= kShmMinBytes;
+  const bool shm = ctx.shm && (total_bytes >= kShmMinBytes ||
+                              FoldsAtEverySize(ctx, dtype, first.reduce_op));
   std::shared_ptr<char> block;
   if (shm) {
     // See Note [shared outputs]: the results stay where they were reduced.

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/collectives.h"
+#include "core/reduce_kernels.h"
 #include "core/scaling.h"
 
 namespace hvdkeras {
@@ -79,7 +80,15 @@ Status RunReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) 
       }
     }
   }
-  {
+  if (ctx.shm && ctx.shm->HoldsWorld(me) && CanReduce(dtype)) {
+    // Note [one summation order on a host] in collectives.h.
+    Activity shm(ctx, batch, "SHM_REDUCE_SCATTER");
+    auto fill = [&](int64_t b, int64_t e, char* dst) {
+      std::memcpy(dst, buffer + b * element, static_cast<size_t>((e - b) * element));
+    };
+    Status s = ctx.shm->ReduceScatter(recv_counts, recv, dtype, first.reduce_op, 1, 1.0, fill);
+    if (!s.ok()) return s;
+  } else {
     const bool ring = ctx.mpi.RingTakes(total * static_cast<int64_t>(element), dtype);
     Activity mpi(ctx, batch, ring ? "RING_REDUCE_SCATTER" : "MPI_REDUCE_SCATTER");
     Status s = ctx.mpi.ReduceScatter(buffer, recv, recv_counts, dtype, first.reduce_op);

@@ -27,6 +27,22 @@ namespace hvdkeras {
 // into scratch memory) and reports its error afterwards: it fails, the
 // others finish.
 
+// Note [one summation order on a host]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Floating-point addition is not associative, so two collectives that add
+// the same contributions in different orders can differ in the last bits,
+// and an optimizer that normalises (Adam) can blow that up over many steps.
+// Sharded optimizer state must give the weights that the plain allreduce
+// gives (ZeRO stage 2 reduce-scatters what stage 0 allreduces), so on one
+// host every floating-point sum, average or product combines the ranks'
+// contributions left to right in rank order, ((x0 + x1) + x2) + ...,
+// through shared memory (ShmAllreduce::ReduceSlice): the allreduce at every
+// size once there are three ranks or more (with two, every order is the
+// same, and small buffers keep MPI's faster path), and the reduce-scatter
+// always. The result of each element is then the same whatever the fusion,
+// the slicing or the collective. Across hosts the cross step (MPI or the
+// ring) has orders of its own; on GPUs NCCL chooses.
+
 // A growable scratch buffer reused across cycles.
 class FusionBuffer {
  public:
@@ -55,6 +71,10 @@ struct ExecContext {
   // (Note [a failed GPU batch ends every rank] in device_session.h).
   bool device_comm_called = false;
 };
+
+// Whether a CPU allreduce of this dtype and op goes through shared memory
+// whatever its size (Note [one summation order on a host]).
+bool FoldsAtEverySize(const ExecContext& ctx, DataType dtype, ReduceOp op);
 
 // Records an execution phase of every op in a batch on the timeline.
 class Activity {

@@ -193,4 +193,41 @@ Status ShmAllreduce::RunShared(int64_t count, DataType dtype, ReduceOp op, int d
   return Status::OK();
 }
 
+Status ShmAllreduce::ReduceScatter(const std::vector<int64_t>& counts, char* out,
+                                   DataType dtype, ReduceOp op, int divisor, double postscale,
+                                   const Fill& fill) {
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  std::vector<int64_t> starts(size_, 0);
+  int64_t longest = 0;
+  for (int r = 0; r < size_; ++r) {
+    starts[r] = r == 0 ? 0 : starts[r - 1] + counts[r - 1];
+    longest = std::max(longest, counts[r]);
+  }
+  // Each piece: up to `part` elements of every rank's block, rank r's part
+  // at r * part in the staging half.
+  const int64_t part = std::max<int64_t>(1, piece_bytes_ / element / size_);
+  std::vector<char*> halves(size_);
+  for (int64_t offset = 0; offset < longest; offset += part) {
+    const int64_t half = (pieces_done_++ % 2) * piece_bytes_;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = std::clamp<int64_t>(counts[r] - offset, 0, part);
+      if (n > 0) {
+        fill(starts[r] + offset, starts[r] + offset + n,
+             staging_[rank_] + half + r * part * element);
+      }
+    }
+    // One barrier per piece is enough: a rank refills this half two pieces
+    // later, after the next piece's barrier, which every rank reaches only
+    // once it has read this one.
+    Barrier();
+    for (int r = 0; r < size_; ++r) halves[r] = staging_[r] + half;
+    const int64_t n = std::clamp<int64_t>(counts[rank_] - offset, 0, part);
+    if (n == 0) continue;
+    Status s = ReduceSlice(halves, rank_ * part * element, n, out + offset * element, dtype, op,
+                           divisor, postscale);
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
 }  // namespace hvdkeras

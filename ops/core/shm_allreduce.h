@@ -67,6 +67,20 @@ class ShmAllreduce {
   Status RunShared(int64_t count, DataType dtype, ReduceOp op, int divisor, double postscale,
                    const Fill& fill, bool wanted, std::shared_ptr<char>* block);
 
+  // Reduce-scatter on one host (no cross step): rank r keeps the `counts[r]`
+  // elements that follow the earlier ranks' ones in the Fill layout, each
+  // combined in rank order exactly as Run combines it, then finished
+  // (Note [one summation order on a host]). Each piece holds an equal part of
+  // every rank's block, so every rank reduces at once. `out` receives
+  // counts[rank] elements. Every rank calls it with the same counts.
+  Status ReduceScatter(const std::vector<int64_t>& counts, char* out, DataType dtype,
+                       ReduceOp op, int divisor, double postscale, const Fill& fill);
+  // Whether this window holds the whole world, on one host, local ranks in
+  // world order (`world_rank` is this rank's): where ReduceScatter may run.
+  bool HoldsWorld(int world_rank) const {
+    return active_ && cross_ == nullptr && slices_ == size_ && rank_ == world_rank;
+  }
+
  private:
   void Barrier();
   // Elements [*begin, *end) of an n-element piece are this rank's slice.

@@ -140,3 +140,37 @@ def test_steps_per_execution(stage):
                               batch_size=hvd.size() * B)
     assert_weights_close(model.get_weights(), reference.get_weights(),
                          f"steps_per_execution stage {stage}")
+
+
+def _wide_mlp(optimizer):
+    """96-512-384-10: its 512x384 kernel is most of the parameters."""
+    keras.utils.set_random_seed(SEED)
+    model = keras.Sequential([keras.Input((96,)), keras.layers.Dense(512, activation="relu"),
+                              keras.layers.Dense(384, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def test_every_stage_gives_stage_zero_weights_bit_for_bit():
+    """Adam over 64 steps amplifies any difference in how the ranks' gradients
+    are added: the reduce-scatter (stage 2) must add them as the allreduce
+    (stages 0 and 1) does (Note [one summation order on a host])."""
+    steps, per_rank = 64, 16
+    rng = np.random.default_rng(5)
+    rows = steps * hvd.size() * per_rank
+    x = rng.normal(size=(rows, 96)).astype("float32")
+    y = rng.normal(size=(rows, 10)).astype("float32")
+    weights = {}
+    for stage in (0, 1, 2):
+        model = _wide_mlp(hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3),
+                                                   zero_stage=stage))
+        fit_distributed(model, shard(x, steps, per_rank), shard(y, steps, per_rank),
+                        batch_size=per_rank)
+        weights[stage] = model.get_weights()
+    assert_weights_moved([w for w in _wide_mlp("adam").get_weights()], weights[0], "stage 0")
+    for stage in (1, 2):
+        for i, (got, want) in enumerate(zip(weights[stage], weights[0])):
+            differ = int(np.sum(got != want))
+            assert differ == 0, (f"stage {stage}, weight {i}: {differ} of {got.size} entries "
+                                 f"differ from stage 0's, by up to {np.max(np.abs(got - want))}")
