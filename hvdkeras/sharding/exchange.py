@@ -17,7 +17,7 @@ What may import this module: `hvdkeras.sharding`.
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Hashable, Mapping, Tuple
 
 import tensorflow as tf
 
@@ -27,6 +27,7 @@ from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.plan import Blocks, by_dtype, plan_blocks
+from hvdkeras.sharding.state import ShardState
 
 
 def _flat(tensor) -> tf.Tensor:
@@ -34,7 +35,7 @@ def _flat(tensor) -> tf.Tensor:
 
 
 def _unpack(flat: tf.Tensor, blocks: Blocks, rank: int, start: int,
-            shapes: Dict[int, tf.TensorShape]) -> Dict[int, tf.Tensor]:
+            shapes: Dict[Hashable, tf.TensorShape]) -> Dict[Hashable, tf.Tensor]:
     out = {}
     for p, offset in zip(blocks.members[rank], blocks.offsets[rank]):
         size = shapes[p].num_elements()
@@ -42,16 +43,35 @@ def _unpack(flat: tf.Tensor, blocks: Blocks, rank: int, start: int,
     return out
 
 
-def reduce_scatter_to_owners(gradients: Dict[int, tf.Tensor], owners: Sequence[int],
+def owner_units(gradients: Dict[int, tf.Tensor], state: ShardState
+                ) -> Tuple[Dict[Tuple[int, int], tf.Tensor], Dict[Tuple[int, int], int]]:
+    """The gradients as the units the reduce-scatter hands out: a whole
+    variable's, keyed (p, -1), and each piece of a split one's rows, keyed
+    (p, rank) (Note [split variables] in `split_plan`); and each unit's owner."""
+    units: Dict[Tuple[int, int], tf.Tensor] = {}
+    owner_of: Dict[Tuple[int, int], int] = {}
+    for p, gradient in gradients.items():
+        pieces = state.pieces.get(p)
+        if not pieces:
+            units[(p, -1)], owner_of[(p, -1)] = gradient, state.owners[p]
+            continue
+        for piece in pieces:
+            units[(p, piece.rank)] = gradient[piece.begin:piece.end]
+            owner_of[(p, piece.rank)] = piece.rank
+    return units, owner_of
+
+
+def reduce_scatter_to_owners(gradients: Dict[Hashable, tf.Tensor], owners: Mapping[Hashable, int],
                              rank: int, world_size: int, name: str, op: int,
                              prescale: float, postscale: float,
-                             process_set: ProcessSet) -> Dict[int, tf.Tensor]:
+                             process_set: ProcessSet) -> Dict[Hashable, tf.Tensor]:
     """Reduces dense gradients across ranks; each rank gets its own only.
 
     Args:
-        gradients: Dense gradients by variable position, the same positions
-            and shapes on every rank (replicated positions must be left out).
-        owners: The plan (`plan.plan_owners`).
+        gradients: Dense gradients by unit (`owner_units`: sortable keys),
+            the same units and shapes on every rank (replicated positions
+            must be left out).
+        owners: Each unit's owner.
         rank: This rank's position in the process set.
         world_size: The process set's size.
         name: Collective name prefix, the same on every rank.
@@ -64,7 +84,7 @@ def reduce_scatter_to_owners(gradients: Dict[int, tf.Tensor], owners: Sequence[i
         The reduced gradients of the positions `rank` owns.
     """
     shapes = {p: g.shape for p, g in gradients.items()}
-    result: Dict[int, tf.Tensor] = {}
+    result: Dict[Hashable, tf.Tensor] = {}
     groups = by_dtype(sorted(gradients), lambda p: gradients[p].dtype)
     for number, (dtype, positions) in enumerate(groups.items()):
         blocks = plan_blocks(positions, {p: shapes[p].num_elements() for p in positions},
@@ -90,16 +110,16 @@ def reduce_scatter_to_owners(gradients: Dict[int, tf.Tensor], owners: Sequence[i
     return result
 
 
-def broadcast_from_owners(values: Dict[int, tf.Tensor], owners: Sequence[int], rank: int,
-                          world_size: int, name: str,
-                          process_set: ProcessSet) -> Dict[int, tf.Tensor]:
+def broadcast_from_owners(values: Dict[Hashable, tf.Tensor], owners: Mapping[Hashable, int],
+                          rank: int, world_size: int, name: str,
+                          process_set: ProcessSet) -> Dict[Hashable, tf.Tensor]:
     """Every rank's variables, from the ranks that own them: one fused
     broadcast per owner (and dtype), each variable a tensor of its own.
 
     Args:
-        values: The current value of every position to share (a rank's own
-            are sent; the others only give the shapes).
-        owners: The plan.
+        values: The current value of every unit to share, by sortable key (a
+            rank's own are sent; the others only give the shapes).
+        owners: Each unit's owner.
         rank: This rank's position in the process set.
         world_size: The process set's size.
         name: Collective name prefix, the same on every rank.
@@ -119,7 +139,7 @@ def broadcast_from_owners(values: Dict[int, tf.Tensor], owners: Sequence[int], r
             name=name, op=Sum, process_set=process_set)
         return dict(zip(positions, summed))
     set_id = process_sets.view(process_set).set_id
-    result: Dict[int, tf.Tensor] = {}
+    result: Dict[Hashable, tf.Tensor] = {}
     for owner in range(world_size):
         mine = [p for p in sorted(values) if owners[p] == owner]
         groups = by_dtype(mine, lambda p: values[p].dtype)

@@ -25,10 +25,15 @@ What may import this module: anything in hvdkeras (it imports nothing of it).
 from __future__ import annotations
 
 import heapq
-from typing import AbstractSet, Any, Callable, Dict, List, NamedTuple, Sequence
+from typing import (AbstractSet, Any, Callable, Dict, Hashable, List, Mapping, NamedTuple,
+                    Sequence)
 
 REPLICATED = -1
 """The owner of a variable that every rank updates itself (a local variable)."""
+
+SPLIT = -4
+"""The owner of a variable cut into row blocks held by several ranks
+(Note [split variables] in `split_plan`)."""
 
 
 def plan_owners(sizes: Sequence[int], world_size: int,
@@ -85,20 +90,21 @@ class Blocks(NamedTuple):
             (what an even reduce-scatter needs).
     """
 
-    members: List[List[int]]
+    members: List[List[Hashable]]
     offsets: List[List[int]]
     lengths: List[int]
     padded: int
 
 
-def plan_blocks(positions: Sequence[int], elements: Dict[int, int], owners: Sequence[int],
-                world_size: int) -> Blocks:
+def plan_blocks(positions: Sequence[Hashable], elements: Mapping[Hashable, int],
+                owners: Mapping[Hashable, int], world_size: int) -> Blocks:
     """Lays out `positions` (variables of one dtype) as per-rank blocks.
 
     Args:
-        positions: Variable positions to lay out (replicated ones are skipped).
+        positions: Variable positions (or other sortable unit keys) to lay
+            out (replicated ones are skipped).
         elements: Element count of each position.
-        owners: The plan from `plan_owners`.
+        owners: The owner of each position (`plan_owners`'s list will do).
         world_size: Number of ranks.
 
     Returns:
@@ -109,7 +115,7 @@ def plan_blocks(positions: Sequence[int], elements: Dict[int, int], owners: Sequ
     give members `[[0, 2], [1]]`, offsets `[[0, 2], [0]]`, lengths `[4, 2]`,
     padded `4`.
     """
-    members: List[List[int]] = [[] for _ in range(world_size)]
+    members: List[List[Hashable]] = [[] for _ in range(world_size)]
     for p in sorted(positions):
         if owners[p] != REPLICATED:
             members[owners[p]].append(p)

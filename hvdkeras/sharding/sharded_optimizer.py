@@ -40,7 +40,7 @@ class ShardedOptimizerMixin:
         if self.built:
             return
         # Other ranks' variables are stand-ins (Note [stand-ins keep the layout]).
-        built_for = state.plan(list(variables))
+        built_for = state.plan(list(variables), elementwise=updates_elementwise(self))
         super().build(built_for)
         state.layout = slot_layout(self, built_for)
         state.check_layout(self)
@@ -55,6 +55,8 @@ class ShardedOptimizerMixin:
         for gradient, variable in zip(grads, variables):
             p = state.position(variable)
             if state.keeps(p) and gradient is not None:
+                if p in state.piece_variables:
+                    gradient, variable = self._hvdkeras_piece_step(p, gradient, variable)
                 own_grads.append(gradient)
                 own_vars.append(variable)
                 replicated.append(state.owners[p] == REPLICATED)
@@ -64,6 +66,24 @@ class ShardedOptimizerMixin:
         else:
             self._hvdkeras_step_without_variables()
         self._hvdkeras_after_update()
+
+    def _hvdkeras_piece_step(self, p: int, gradient: Any, variable: Any):
+        """This rank's piece of split variable `p` for the update: its rows
+        of the gradient (stage 1 reduces whole gradients; stage 2's arrive
+        cut) and the piece variable, first given the variable's current rows
+        (the model's weights may have been set since the last step)."""
+        state = self._hvdkeras_shards
+        piece = state.piece_of(p, state.rank)
+        part = state.piece_variables[p]
+        part.assign(variable[piece.begin:piece.end])
+        if tuple(gradient.shape) != tuple(part.shape):
+            gradient = self._hvdkeras_rows(gradient, piece.begin, piece.end)
+        return gradient, part
+
+    def _hvdkeras_rows(self, gradient: Any, begin: int, end: int) -> Any:
+        """Rows [begin, end) of a gradient (a backend with sparse gradients
+        cuts those its own way)."""
+        return gradient[begin:end]
 
     def _hvdkeras_after_update(self) -> None:
         """Shares the updated weights (on update steps, when Keras accumulates)."""
@@ -120,6 +140,30 @@ class ShardedOptimizerMixin:
             super().load_own_variables(store)
 
 
+# Keras's optimizers whose update of each element depends on that element
+# alone (its gradient, its slots, shared scalars): a block of rows updated
+# as a variable of its own gets what the whole variable gets. Lamb (the
+# trust ratio's norms), Adafactor (factored moments), Muon (orthogonalised
+# step) and ScheduleFreeAdamW are left out, as are subclasses (which may
+# change `update_step`).
+ELEMENTWISE_OPTIMIZERS = ("Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "Ftrl", "Lion",
+                          "Nadam", "RMSprop", "SGD")
+
+
+def updates_elementwise(optimizer: Any) -> bool:
+    """Whether `optimizer` (sharded or not) updates each element on its own,
+    so its variables may be cut into row blocks (Note [split variables] in
+    `split_plan`): one of `ELEMENTWISE_OPTIMIZERS` itself, without
+    `clipnorm` (a per-variable norm) or weight-decay exclusions made by
+    variable object."""
+    base = next(c for c in type(optimizer).__mro__
+                if not issubclass(c, ShardedOptimizerMixin)
+                and not c.__module__.startswith("hvdkeras."))
+    plain = {getattr(keras.optimizers, n, None) for n in ELEMENTWISE_OPTIMIZERS}
+    return (base in plain and not getattr(optimizer, "clipnorm", None)
+            and not getattr(optimizer, "_exclude_from_weight_decay", None))
+
+
 def _where(holder: Any) -> Dict[int, int]:
     """id of each of the holder's variables -> its index in `holder.variables`."""
     return {id(v): i for i, v in enumerate(holder.variables)}
@@ -169,7 +213,12 @@ def load_sharded(holder: Any, variables: List[Any], store: Any) -> bool:
         i = where.get(id(variable))
         if i is None or state.is_everywhere(i) or state.is_own_slot(i):
             variable.assign(value)
-        elif state.collecting:
+            continue
+        if state.is_piece_slot(i):
+            piece = state.piece_of(state.layout[i], state.rank)
+            if piece is not None:
+                variable.assign(np.asarray(value)[piece.begin:piece.end])
+        if state.collecting:
             if state.pending is None:
                 state.pending = {}
             state.pending[i] = np.asarray(value)

@@ -41,7 +41,8 @@ import keras
 import numpy as np
 
 from hvdkeras import compat
-from hvdkeras.sharding.plan import REPLICATED, plan_owners
+from hvdkeras.sharding.plan import REPLICATED, SPLIT
+from hvdkeras.sharding.split_plan import Piece, plan_split
 
 SHARED = -2
 """The layout entry of an optimizer variable that belongs to no one variable."""
@@ -79,6 +80,26 @@ def make_stand_in(variable: Any) -> keras.Variable:
     if getattr(variable, "overwrite_with_gradient", False):
         stand_in.overwrite_with_gradient = True
     return stand_in
+
+
+def make_piece(variable: Any, piece: Piece) -> keras.Variable:
+    """A variable for rows [piece.begin, piece.end) of `variable`, under its
+    name and path (Note [split variables] in `split_plan`): the optimizer
+    updates it, and its slots have its shape. Its value is refreshed from
+    the variable before each update."""
+    shape = (piece.end - piece.begin,) + tuple(int(d) for d in variable.shape[1:])
+    with _outside_functions():
+        part = keras.Variable(initializer="zeros", shape=shape, dtype=variable.dtype,
+                              trainable=False, name=str(variable.name).split(":")[0])
+    compat.set_variable_path(part, getattr(variable, "path", part.path))
+    if getattr(variable, "overwrite_with_gradient", False):
+        part.overwrite_with_gradient = True
+    return part
+
+
+def variable_rows(variable: Any) -> int:
+    """The rows a variable may be cut into: its first dimension (1 for a scalar)."""
+    return int(variable.shape[0]) if len(variable.shape) else 1
 
 
 def slot_layout(optimizer: Any, built_for: Sequence[Any]) -> List[int]:
@@ -119,10 +140,17 @@ class ShardState:
         name: Prefix of the shard's collective names.
         process_set: The ranks that share the state.
         stage: 1 or 2 (see `hvdkeras.DistributedOptimizer`).
+        can_split: Whether this backend's step can move pieces of variables
+            (Note [split variables] in `split_plan`).
     """
 
     def __init__(self, rank: int, world_size: int, name: str, process_set: Any,
-                 stage: int) -> None:
+                 stage: int, can_split: bool = False) -> None:
+        self.can_split = can_split
+        self.pieces: Dict[int, List[Piece]] = {}
+        # This rank's piece of each split variable it holds a piece of, and
+        # the variable the optimizer updates for it.
+        self.piece_variables: Dict[int, Any] = {}
         self.rank = rank
         self.world_size = world_size
         self.name = name
@@ -143,20 +171,35 @@ class ShardState:
         # (read by the global-norm clipping of the same step).
         self.applying_replicated: List[bool] = []
 
-    def plan(self, variables: Sequence[Any]) -> List[Any]:
-        """Plans the shard for `variables`; returns the list to build on."""
+    def plan(self, variables: Sequence[Any], elementwise: bool = False) -> List[Any]:
+        """Plans the shard for `variables`; returns the list to build on.
+        `elementwise`: the optimizer's update is elementwise, so variables
+        may be cut (where this backend can, Note [split variables])."""
         self.variables = list(variables)
         self.positions = {id(v): i for i, v in enumerate(self.variables)}
         replicated = {i for i, v in enumerate(self.variables) if id(v) in self.replicated_ids}
-        self.owners = plan_owners([variable_bytes(v) for v in self.variables],
-                                  self.world_size, replicated)
-        self.built_for = [v if self.keeps(i) else make_stand_in(v)
+        cuttable = (set(range(len(self.variables))) - replicated
+                    if elementwise and self.can_split else set())
+        self.owners, self.pieces = plan_split(
+            [variable_bytes(v) for v in self.variables],
+            [variable_rows(v) for v in self.variables], self.world_size, replicated, cuttable)
+        self.piece_variables = {p: make_piece(self.variables[p], self.piece_of(p, self.rank))
+                                for p in self.pieces if self.piece_of(p, self.rank)}
+        self.built_for = [self.piece_variables[i] if i in self.piece_variables
+                          else v if self.keeps(i) else make_stand_in(v)
                           for i, v in enumerate(self.variables)]
         return self.built_for
 
     def keeps(self, position: int) -> bool:
-        """Whether this rank holds the real state of `position`."""
-        return self.owners[position] in (self.rank, REPLICATED)
+        """Whether this rank holds the real state of `position` (or of a piece of it)."""
+        owner = self.owners[position]
+        return owner in (self.rank, REPLICATED) or (
+            owner == SPLIT and self.piece_of(position, self.rank) is not None)
+
+    def piece_of(self, position: int, rank: int) -> Optional[Piece]:
+        """`rank`'s piece of a split variable, or None (not split, or no piece there)."""
+        return next((piece for piece in self.pieces.get(position, ()) if piece.rank == rank),
+                    None)
 
     def position(self, variable: Any) -> int:
         try:
@@ -171,6 +214,12 @@ class ShardState:
         """Whether optimizer variable `index` is a slot of a variable this rank owns alone."""
         p = self.layout[index]
         return p >= 0 and self.owners[p] == self.rank
+
+    def is_piece_slot(self, index: int) -> bool:
+        """Whether optimizer variable `index` is a slot of a split variable
+        (each rank holding a piece keeps that piece of it)."""
+        p = self.layout[index]
+        return p >= 0 and self.owners[p] == SPLIT
 
     def is_everywhere(self, index: int) -> bool:
         """Whether optimizer variable `index` has the same shape on every rank."""

@@ -45,15 +45,27 @@ def _alltoall(flat: np.ndarray, splits: List[int], name: str,
 
 
 def _owned_by(state: ShardState, indices: List[int], rank: int) -> List[int]:
-    return [i for i in indices if state.owners[state.layout[i]] == rank]
+    """The slots among `indices` whose values `rank` holds: those of variables
+    it owns, and its pieces of split ones (Note [split variables])."""
+    return [i for i in indices if state.owners[state.layout[i]] == rank
+            or (state.is_piece_slot(i) and state.piece_of(state.layout[i], rank) is not None)]
+
+
+def _rows(state: ShardState, index: int, rank: int, value: np.ndarray) -> np.ndarray:
+    """`rank`'s rows of a whole slot value (all of it unless the slot is split)."""
+    if not state.is_piece_slot(index):
+        return value
+    piece = state.piece_of(state.layout[index], rank)
+    return value[piece.begin:piece.end]
 
 
 def gather_to_root(optimizer: Any) -> None:
     """Puts every slot's value on the root (into `ShardState.gathered`)."""
     holder = shard_holder(optimizer)
     state = holder._hvdkeras_shards
+    held = set(_owned_by(state, list(range(len(holder.variables))), state.rank))
     shapes = allgather_object({i: tuple(v.shape) for i, v in enumerate(holder.variables)
-                               if state.is_own_slot(i)},
+                               if i in held},
                               name=f"{state.name}_gather.shapes", process_set=state.process_set)
     gathered: Dict[int, np.ndarray] = {}
     for dtype, indices in _dtype_groups(holder, state).items():
@@ -64,14 +76,24 @@ def gather_to_root(optimizer: Any) -> None:
         received = _alltoall(flat, splits, f"{state.name}_gather.{dtype}", state.process_set)
         if state.rank != ROOT:
             continue
+        pieces: Dict[int, Dict[int, np.ndarray]] = {}
         offset = 0
         for sender in range(state.world_size):
             if sender == ROOT:
                 continue
             for i in _owned_by(state, indices, sender):
                 size = int(np.prod(shapes[sender][i], dtype=np.int64))
-                gathered[i] = received[offset:offset + size].reshape(shapes[sender][i])
+                value = received[offset:offset + size].reshape(shapes[sender][i])
                 offset += size
+                if state.is_piece_slot(i):
+                    pieces.setdefault(i, {})[sender] = value
+                else:
+                    gathered[i] = value
+        for i in indices:  # a split slot: its pieces in row order, which is rank order
+            if state.is_piece_slot(i):
+                if i in held:
+                    pieces.setdefault(i, {})[ROOT] = holder.variables[i].numpy()
+                gathered[i] = np.concatenate([pieces[i][r] for r in sorted(pieces[i])])
     state.gathered = gathered if state.rank == ROOT else None
 
 
@@ -90,7 +112,7 @@ def scatter_from_root(optimizer: Any) -> None:
             parts, splits = [], []
             for r in range(state.world_size):
                 values = ([] if r == ROOT else
-                          [pending[i].astype(dtype, copy=False).reshape(-1)
+                          [_rows(state, i, r, pending[i]).astype(dtype, copy=False).reshape(-1)
                            for i in _owned_by(state, indices, r)])
                 splits.append(int(sum(v.size for v in values)))
                 parts.extend(values)

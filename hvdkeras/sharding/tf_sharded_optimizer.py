@@ -8,14 +8,14 @@ What may import this module: `hvdkeras.training` (the TensorFlow backend's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Tuple
 
 import tensorflow as tf
 
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import broadcast_from_owners
-from hvdkeras.sharding.plan import REPLICATED
+from hvdkeras.sharding.plan import REPLICATED, SPLIT
 from hvdkeras.sharding.sharded_optimizer import ShardedOptimizerMixin
 
 
@@ -37,12 +37,27 @@ class TFShardedMixin(ShardedOptimizerMixin):
         state = self._hvdkeras_shards
         if state.world_size == 1:
             return
-        values = {p: tf.convert_to_tensor(v) for p, v in enumerate(state.variables)
-                  if state.owners[p] != REPLICATED}
-        received = broadcast_from_owners(values, state.owners, state.rank, state.world_size,
+        # One unit per whole variable, (p, -1), and per piece, (p, rank).
+        values: Dict[Tuple[int, int], tf.Tensor] = {}
+        owner_of: Dict[Tuple[int, int], int] = {}
+        for p, variable in enumerate(state.variables):
+            if state.owners[p] == REPLICATED:
+                continue
+            for piece in state.pieces.get(p, ()):
+                owner_of[(p, piece.rank)] = piece.rank
+                values[(p, piece.rank)] = (
+                    tf.convert_to_tensor(state.piece_variables[p]) if piece.rank == state.rank
+                    else tf.zeros((piece.end - piece.begin,) + tuple(variable.shape[1:]),
+                                  variable.dtype))  # only its shape and dtype are read
+            if state.owners[p] != SPLIT:
+                owner_of[(p, -1)] = state.owners[p]
+                values[(p, -1)] = tf.convert_to_tensor(variable)
+        received = broadcast_from_owners(values, owner_of, state.rank, state.world_size,
                                          f"{state.name}_weights", state.process_set)
         kept_alive = set()
-        for p, value in received.items():
+        for (p, holder), value in received.items():
+            if holder >= 0:
+                continue  # a piece: the whole variable is put together below
             if state.owners[p] != state.rank:
                 state.variables[p].assign(value)
             elif value.dtype not in kept_alive:
@@ -52,6 +67,21 @@ class TFShardedMixin(ShardedOptimizerMixin):
                 # consumer too: one assignment of an unchanged value.
                 state.variables[p].assign(value)
                 kept_alive.add(value.dtype)
+        for p, pieces in state.pieces.items():
+            # Every piece's broadcast, this rank's own included, feeds the assignment.
+            state.variables[p].assign(tf.concat([received[(p, piece.rank)] for piece in pieces],
+                                                0))
+
+    def _hvdkeras_rows(self, gradient: Any, begin: int, end: int) -> Any:
+        """Rows [begin, end) of a dense gradient or of `tf.IndexedSlices` (its
+        entries in those rows, renumbered from 0; repeats kept)."""
+        if not isinstance(gradient, tf.IndexedSlices):
+            return gradient[begin:end]
+        inside = tf.logical_and(gradient.indices >= begin, gradient.indices < end)
+        shape = tf.concat([[end - begin], tf.shape(gradient.values, out_type=tf.int64)[1:]], 0)
+        return tf.IndexedSlices(tf.boolean_mask(gradient.values, inside),
+                                tf.boolean_mask(gradient.indices, inside) - begin,
+                                dense_shape=tf.cast(shape, gradient.indices.dtype))
 
     def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
         """`value` summed over the ranks that share the state."""

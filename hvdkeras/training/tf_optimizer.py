@@ -134,7 +134,7 @@ def _shard(optimizer: Any, zero_stage: int, settings: ReductionSettings) -> None
     ps = process_sets.view(settings.process_set)
     holder.__class__ = compat.with_mixin(TFShardedMixin, type(holder))
     holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{settings.name}_zero",
-                                         settings.process_set, zero_stage)
+                                         settings.process_set, zero_stage, can_split=True)
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str], compression: Compressor,
