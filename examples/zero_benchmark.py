@@ -2,6 +2,8 @@
 """Memory and step time of sharded optimizer state (zero_stage 0, 1, 2).
 
     python examples/zero_benchmark.py --model ResNet50 --image-size 64 --ranks 2,4,8
+    python examples/zero_benchmark.py --model MLP --ranks 4    # 96-512-384-10
+    python examples/zero_benchmark.py --model Embedding --ranks 4   # a 50000x64 table
     KERAS_BACKEND=torch python examples/zero_benchmark.py --ranks 2   # or jax
 
 For each rank count and each stage it launches one job (hvdkerasrun), trains
@@ -30,7 +32,9 @@ HERE = os.path.abspath(__file__)
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="ResNet50", help="a keras.applications model")
+    p.add_argument("--model", default="ResNet50",
+                   help="a keras.applications model, MLP (96-512-384-10, one kernel 78%% of "
+                        "the parameters) or Embedding (a 50000x64 table and a classifier)")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--ranks", default="2,4,8", help="rank counts, comma-separated")
@@ -55,22 +59,47 @@ def peak_rss_bytes() -> int:
     return 0
 
 
-def synthetic_batches(args: argparse.Namespace):
+# The models that are not keras.applications ones: builder, input shape
+# (after the batch), input kind, classes.
+VOCABULARY = 50_000
+OWN_MODELS = {
+    "MLP": (lambda keras: keras.Sequential([
+        keras.Input((96,)), keras.layers.Dense(512, activation="relu"),
+        keras.layers.Dense(384, activation="relu"), keras.layers.Dense(10)]), (96,), "float", 10),
+    "Embedding": (lambda keras: keras.Sequential([
+        keras.Input((32,), dtype="int32"), keras.layers.Embedding(VOCABULARY, 64),
+        keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dense(10)]), (32,), "int", 10),
+}
+
+
+def build_model(args: argparse.Namespace):
+    """The model, its input shape (after the batch), input kind and classes."""
+    import keras
+
+    if args.model in OWN_MODELS:
+        make, shape, kind, classes = OWN_MODELS[args.model]
+        return make(keras), shape, kind, classes
+    model = getattr(keras.applications, args.model)(
+        weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
+    return model, (args.image_size, args.image_size, 3), "float", 1000
+
+
+def synthetic_batches(args: argparse.Namespace, shape, kind: str, classes: int):
     """One random batch, repeated: a tf.data pipeline under TensorFlow, a
     Python generator of NumPy arrays under Keras's other backends."""
     import keras
     import numpy as np
 
-    shape = [args.batch_size, args.image_size, args.image_size, 3]
+    shape = [args.batch_size, *shape]
+    rng = np.random.default_rng(0)
+    images = (rng.integers(0, VOCABULARY, size=shape).astype("int32") if kind == "int"
+              else rng.uniform(size=shape).astype("float32"))
+    labels = rng.integers(0, classes, size=[args.batch_size])
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf  # lazy: only this backend's pipeline
 
-        images = tf.random.uniform(shape)
-        labels = tf.random.uniform([args.batch_size], maxval=1000, dtype=tf.int64)
         return tf.data.Dataset.from_tensors((images, labels)).repeat()
-    rng = np.random.default_rng(0)
-    images = rng.uniform(size=shape).astype("float32")
-    labels = rng.integers(0, 1000, size=[args.batch_size])
 
     def forever():
         while True:
@@ -86,11 +115,12 @@ def run_worker(args: argparse.Namespace) -> None:
     import hvdkeras as hvd
 
     hvd.init()
-    model = getattr(keras.applications, args.model)(
-        weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
+    model, shape, kind, classes = build_model(args)
     optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-4), zero_stage=args.stage)
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-    data = synthetic_batches(args)
+    # The applications end in a softmax; the own models give logits.
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=args.model in OWN_MODELS))
+    data = synthetic_batches(args, shape, kind, classes)
     times: List[float] = []
 
     class Timer(keras.callbacks.Callback):
@@ -102,7 +132,7 @@ def run_worker(args: argparse.Namespace) -> None:
 
     model.fit(data, steps_per_epoch=args.warmup, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    model.fit(synthetic_batches(args), steps_per_epoch=args.steps, epochs=1, verbose=0,
+    model.fit(synthetic_batches(args, shape, kind, classes), steps_per_epoch=args.steps, epochs=1, verbose=0,
               callbacks=[Timer()])
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     state_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype.name if hasattr(v.dtype, "name")
@@ -134,7 +164,8 @@ def main(argv: List[str]) -> None:
         return
     mib = 2.0 ** 20
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    lines = [f"{args.model} {args.image_size}px, Adam, batch {args.batch_size} per rank, "
+    size = f" {args.image_size}px" if args.model not in OWN_MODELS else ""
+    lines = [f"{args.model}{size}, Adam, batch {args.batch_size} per rank, "
              f"{os.cpu_count()} cores, KERAS_BACKEND={backend}",
              "| ranks | stage | optimizer state, fullest rank MiB | of stage 0 | 1/N | "
              "peak RSS, largest rank MiB | RSS vs stage 0 MiB | step ms (median) | "
