@@ -21,7 +21,7 @@ orthogonalised step, `clipnorm`) keep whole variables, as do local
 (replicated) variables and scalars. The plan is a function of the sizes,
 the rows, N and the two sets, so every rank makes the same one without
 talking. The whole-variable plan is kept whenever it is already within
-`tolerance` of total/N, or no worse than the cut one.
+2% (or 64 KiB) of total/N, or no worse than the cut one.
 
 What may import this module: anything in hvdkeras (it imports only `plan`).
 """
@@ -34,6 +34,10 @@ from hvdkeras.sharding.plan import REPLICATED, SPLIT, plan_owners, shard_bytes
 
 TOLERANCE = 0.02
 """How far above total/N the fullest rank may be before variables are cut."""
+
+MIN_EXCESS_BYTES = 64 << 10
+"""Nor are variables cut to save less than this on the fullest rank: pieces
+of small models cost more small collectives than they save memory."""
 
 
 class Piece(NamedTuple):
@@ -85,7 +89,8 @@ def _cuts(sizes: Sequence[int], rows: Sequence[int], order: Sequence[int],
 def plan_split(sizes: Sequence[int], rows: Sequence[int], world_size: int,
                replicated: AbstractSet[int] = frozenset(),
                cuttable: AbstractSet[int] = frozenset(),
-               tolerance: float = TOLERANCE) -> Tuple[List[int], Dict[int, List[Piece]]]:
+               tolerance: float = TOLERANCE, min_excess_bytes: int = MIN_EXCESS_BYTES
+               ) -> Tuple[List[int], Dict[int, List[Piece]]]:
     """Owners for every variable, cutting some into row blocks when that
     balances the ranks better (Note [split variables]).
 
@@ -97,13 +102,14 @@ def plan_split(sizes: Sequence[int], rows: Sequence[int], world_size: int,
         cuttable: Positions that may be cut (the optimizer's update is
             elementwise for them).
         tolerance: Keep whole variables when the fullest rank is within
-            this fraction above total/N.
+            this fraction above total/N,
+        min_excess_bytes: or within this many bytes.
 
     Returns:
         `(owners, pieces)`: an owner per variable (a rank, `REPLICATED`, or
         `SPLIT`), and for each `SPLIT` position its pieces in row order.
 
-    Example: `plan_split([400, 40], [10, 10], 2, cuttable={0})` cuts the
+    Example: `plan_split([400, 40], [10, 10], 2, cuttable={0}, min_excess_bytes=0)` cuts the
     first variable: owners `[SPLIT, 1]`, pieces `{0: [Piece(0, 0, 6),
     Piece(1, 6, 10)]}` (240 bytes on rank 0, 200 on rank 1).
     """
@@ -112,8 +118,8 @@ def plan_split(sizes: Sequence[int], rows: Sequence[int], world_size: int,
         return whole, {}
     order = [p for p in range(len(sizes)) if p not in replicated]
     total = sum(sizes[p] for p in order)
-    if total == 0 or max(shard_bytes(sizes, whole, world_size)) <= total / world_size * (
-            1 + tolerance):
+    excess = max(shard_bytes(sizes, whole, world_size)) - total / world_size
+    if total == 0 or excess <= max(total / world_size * tolerance, min_excess_bytes):
         return whole, {}
     cuts = _cuts(sizes, rows, order, set(cuttable) - set(replicated), world_size)
     owners = [REPLICATED] * len(sizes)
