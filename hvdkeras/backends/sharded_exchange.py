@@ -21,7 +21,7 @@ What may import this module: the rest of `hvdkeras.backends`.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -30,12 +30,13 @@ from hvdkeras.backends import dispatch
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.sharding.plan import REPLICATED, Blocks, by_dtype, plan_blocks
+from hvdkeras.sharding.state import ShardState
 
 def _elements(shape: Sequence[int]) -> int:
     return int(np.prod(tuple(shape), dtype=np.int64))
 
 
-def _dtype_blocks(values: Dict[int, Any], owners: Sequence[int], world_size: int
+def _dtype_blocks(values: Dict[Hashable, Any], owners: Mapping[Hashable, int], world_size: int
                   ) -> Iterator[Tuple[int, str, Blocks]]:
     """(number, dtype, layout) of each dtype's flat buffer that holds anything,
     in the same order on every rank."""
@@ -48,7 +49,8 @@ def _dtype_blocks(values: Dict[int, Any], owners: Sequence[int], world_size: int
             yield number, dtype, blocks
 
 
-def _block_buffer(values: Dict[int, Any], blocks: Blocks, rank: int, dtype: str) -> List[Any]:
+def _block_buffer(values: Dict[Hashable, Any], blocks: Blocks, rank: int,
+                  dtype: str) -> List[Any]:
     """The flat parts of `rank`'s block, padded to `blocks.padded`."""
     parts = [keras.ops.reshape(values[p], [-1]) for p in blocks.members[rank]]
     if blocks.padded > blocks.lengths[rank]:
@@ -57,7 +59,7 @@ def _block_buffer(values: Dict[int, Any], blocks: Blocks, rank: int, dtype: str)
 
 
 def _unpack(flat: Any, blocks: Blocks, rank: int, start: int,
-            shapes: Dict[int, Sequence[int]]) -> Dict[int, Any]:
+            shapes: Dict[Hashable, Sequence[int]]) -> Dict[Hashable, Any]:
     out = {}
     for p, offset in zip(blocks.members[rank], blocks.offsets[rank]):
         size = _elements(shapes[p])
@@ -65,10 +67,11 @@ def _unpack(flat: Any, blocks: Blocks, rank: int, start: int,
     return out
 
 
-def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], rank: int,
+def reduce_scatter_to_owners(gradients: Dict[Hashable, Any], owners: Mapping[Hashable, int],
+                             rank: int,
                              world_size: int, name: str, op: int, prescale: float,
                              postscale: float, process_set: ProcessSet,
-                             compression: Optional[Any] = None) -> Dict[int, Any]:
+                             compression: Optional[Any] = None) -> Dict[Hashable, Any]:
     """Reduces dense gradients across ranks; each rank gets its own only: the
     arguments and result of `hvdkeras.sharding.exchange.reduce_scatter_to_owners`
     on the backend's tensors, plus `compression` (`hvdkeras.Compression.fp16`
@@ -78,7 +81,7 @@ def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], r
     # The compressor's own wire dtype (hvdkeras.collectives.compression).
     wire = getattr(compression, "wire_dtype", None)
     shapes = {p: tuple(g.shape) for p, g in gradients.items()}
-    result: Dict[int, Any] = {}
+    result: Dict[Hashable, Any] = {}
     for number, dtype, blocks in _dtype_blocks(gradients, owners, world_size):
         parts = [part for r in range(world_size)
                  for part in _block_buffer(gradients, blocks, r, dtype)]
@@ -93,43 +96,62 @@ def reduce_scatter_to_owners(gradients: Dict[int, Any], owners: Sequence[int], r
     return result
 
 
-def share_from_owners(variables: Sequence[Any], owners: Sequence[int], rank: int,
-                      world_size: int, name: str, process_set: ProcessSet) -> None:
-    """Gives every rank the current values of the variables other ranks own.
+def share_from_owners(state: ShardState, name: str) -> None:
+    """Gives every rank the current values of the variables other ranks own,
+    and of the other ranks' pieces of split ones (Note [split variables]).
 
     Args:
-        variables: The Keras variables, in plan order (each rank's own ones
-            hold its updated values).
-        owners: The plan.
-        rank: This rank's position in the process set.
-        world_size: The process set's size.
+        state: The shard (its variables: this rank's own ones, and its
+            piece variables, hold its updated values).
         name: Collective name prefix, the same on every rank.
-        process_set: The ranks that share the state.
     """
+    variables = state.variables
     if keras.backend.backend() == "torch":
         # Lazy: the torch binding, present under that backend only.
         torch_ops = importlib.import_module("hvdkeras.backends.torch.ops")
-        set_id = process_sets.view(process_set).set_id
-        for owner in range(world_size):
-            mine = [v.value.data for p, v in enumerate(variables) if owners[p] == owner]
+        set_id = process_sets.view(state.process_set).set_id
+        for p, part in state.piece_variables.items():
+            piece = state.piece_of(p, state.rank)
+            variables[p].value.data[piece.begin:piece.end].copy_(part.value.data)
+        for owner in range(state.world_size):
+            # Row blocks of a contiguous tensor are contiguous views: each
+            # piece lands straight in its variable's memory.
+            mine = [v.value.data for p, v in enumerate(variables) if state.owners[p] == owner]
+            mine += [variables[p].value.data[piece.begin:piece.end]
+                     for p in sorted(state.pieces)
+                     for piece in state.pieces[p] if piece.rank == owner]
             if mine:
                 torch_ops.broadcast_in_place(mine, f"{name}_from{owner}", owner, set_id)
         return
-    values = {p: v.value for p, v in enumerate(variables) if owners[p] != REPLICATED}
-    for p, value in allgather_from_owners(values, owners, rank, world_size, name,
-                                          process_set).items():
-        variables[p].assign(value)
+    current = {p: (state.piece_variables[p].value if p in state.piece_variables else v.value)
+               for p, v in enumerate(variables) if state.owners[p] != REPLICATED}
+    units, owner_of = state.units({p: value for p, value in current.items()
+                                   if p not in state.pieces})
+    for p, pieces in state.pieces.items():
+        for piece in pieces:  # this rank's from its piece; the others' give the shape
+            units[(p, piece.rank)] = (current[p] if piece.rank == state.rank
+                                      else variables[p].value[piece.begin:piece.end])
+            owner_of[(p, piece.rank)] = piece.rank
+    received = allgather_from_owners(units, owner_of, state.rank, state.world_size, name,
+                                     state.process_set)
+    for (p, holder), value in received.items():
+        if holder < 0:
+            variables[p].assign(value)
+    for p, pieces in state.pieces.items():
+        variables[p].assign(keras.ops.concatenate(
+            [current[p] if piece.rank == state.rank else received[(p, piece.rank)]
+             for piece in pieces], axis=0))
 
 
-def allgather_from_owners(values: Dict[int, Any], owners: Sequence[int], rank: int,
-                          world_size: int, name: str,
-                          process_set: ProcessSet) -> Dict[int, Any]:
+def allgather_from_owners(values: Dict[Hashable, Any], owners: Mapping[Hashable, int],
+                          rank: int, world_size: int, name: str,
+                          process_set: ProcessSet) -> Dict[Hashable, Any]:
     """The values of the positions other ranks own, from their owners.
 
     Args:
-        values: The current value of every position to share (this rank's
-            own are sent; the others only give the shapes).
-        owners: The plan.
+        values: The current value of every unit to share, by sortable key
+            (this rank's own are sent; the others only give the shapes).
+        owners: Each unit's owner.
         rank: This rank's position in the process set.
         world_size: The process set's size.
         name: Collective name prefix, the same on every rank.
@@ -140,7 +162,7 @@ def allgather_from_owners(values: Dict[int, Any], owners: Sequence[int], rank: i
     """
     allgather = dispatch.backend_function("allgather")
     shapes = {p: tuple(v.shape) for p, v in values.items()}
-    result: Dict[int, Any] = {}
+    result: Dict[Hashable, Any] = {}
     for number, dtype, blocks in _dtype_blocks(values, owners, world_size):
         mine = keras.ops.concatenate(_block_buffer(values, blocks, rank, dtype), axis=0)
         everyone = allgather(mine, name=name if number == 0 else f"{name}.{number}",

@@ -70,8 +70,7 @@ class BackendShardedMixin(ShardedOptimizerMixin):
         state = self._hvdkeras_shards
         if state.world_size == 1:
             return
-        share_from_owners(state.variables, state.owners, state.rank, state.world_size,
-                          f"{state.name}_weights", state.process_set)
+        share_from_owners(state, f"{state.name}_weights")
 
     def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
         return dispatch.backend_function("grouped_allreduce")(
@@ -107,7 +106,7 @@ def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:
     holder.__class__ = compat.with_mixin(BackendShardedMixin, type(holder))
     ps = process_sets.view(process_set)
     holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{name}_zero", process_set,
-                                         zero_stage)
+                                         zero_stage, can_split=True)
 
 
 def step_scope(optimizer: Any) -> ContextManager[None]:
@@ -142,11 +141,12 @@ def reduce_to_owners(grads: Sequence[Any], variables: Sequence[Any], settings: D
     planned = gradient_groups(split, variables, settings)
     for number, group in enumerate(planned):
         by_position = {state.position(variables[i]): i for i in group}
+        units, owner_of = state.units({p: grads[i] for p, i in by_position.items()})
         mine = reduce_scatter_to_owners(
-            {p: grads[i] for p, i in by_position.items()}, state.owners, state.rank,
-            state.world_size, f"{settings['name']}_shards.{number}", op, prescale, postscale,
+            units, owner_of, state.rank, state.world_size,
+            f"{settings['name']}_shards.{number}", op, prescale, postscale,
             settings["process_set"], settings["compression"])
-        for p, value in mine.items():
+        for (p, _), value in mine.items():
             result[by_position[p]] = value
     if loss_scaled:
         flag = _finite_everywhere_flag([result[i] for i in present if result[i] is not None],

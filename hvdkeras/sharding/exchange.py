@@ -17,7 +17,7 @@ What may import this module: `hvdkeras.sharding`.
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, Mapping, Tuple
+from typing import Dict, Hashable, Mapping
 
 import tensorflow as tf
 
@@ -27,7 +27,6 @@ from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.plan import Blocks, by_dtype, plan_blocks
-from hvdkeras.sharding.state import ShardState
 
 
 def _flat(tensor) -> tf.Tensor:
@@ -43,24 +42,6 @@ def _unpack(flat: tf.Tensor, blocks: Blocks, rank: int, start: int,
     return out
 
 
-def owner_units(gradients: Dict[int, tf.Tensor], state: ShardState
-                ) -> Tuple[Dict[Tuple[int, int], tf.Tensor], Dict[Tuple[int, int], int]]:
-    """The gradients as the units the reduce-scatter hands out: a whole
-    variable's, keyed (p, -1), and each piece of a split one's rows, keyed
-    (p, rank) (Note [split variables] in `split_plan`); and each unit's owner."""
-    units: Dict[Tuple[int, int], tf.Tensor] = {}
-    owner_of: Dict[Tuple[int, int], int] = {}
-    for p, gradient in gradients.items():
-        pieces = state.pieces.get(p)
-        if not pieces:
-            units[(p, -1)], owner_of[(p, -1)] = gradient, state.owners[p]
-            continue
-        for piece in pieces:
-            units[(p, piece.rank)] = gradient[piece.begin:piece.end]
-            owner_of[(p, piece.rank)] = piece.rank
-    return units, owner_of
-
-
 def reduce_scatter_to_owners(gradients: Dict[Hashable, tf.Tensor], owners: Mapping[Hashable, int],
                              rank: int, world_size: int, name: str, op: int,
                              prescale: float, postscale: float,
@@ -68,7 +49,7 @@ def reduce_scatter_to_owners(gradients: Dict[Hashable, tf.Tensor], owners: Mappi
     """Reduces dense gradients across ranks; each rank gets its own only.
 
     Args:
-        gradients: Dense gradients by unit (`owner_units`: sortable keys),
+        gradients: Dense gradients by unit (`ShardState.units`: sortable keys),
             the same units and shapes on every rank (replicated positions
             must be left out).
         owners: Each unit's owner.

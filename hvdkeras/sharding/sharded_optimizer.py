@@ -160,7 +160,10 @@ def updates_elementwise(optimizer: Any) -> bool:
                 if not issubclass(c, ShardedOptimizerMixin)
                 and not c.__module__.startswith("hvdkeras."))
     plain = {getattr(keras.optimizers, n, None) for n in ELEMENTWISE_OPTIMIZERS}
-    return (base in plain and not getattr(optimizer, "clipnorm", None)
+    # Under torch Keras makes its own backend's class of some (TorchAdam ...).
+    keras_own = base in plain or (base.__module__.startswith("keras.src.backend.")
+                                  and any(b in plain for b in base.__bases__))
+    return (keras_own and not getattr(optimizer, "clipnorm", None)
             and not getattr(optimizer, "_exclude_from_weight_decay", None))
 
 

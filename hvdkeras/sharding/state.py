@@ -35,7 +35,7 @@ What may import this module: `hvdkeras.sharding` and `hvdkeras.backends`.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, List, Optional, Sequence
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -195,6 +195,24 @@ class ShardState:
         owner = self.owners[position]
         return owner in (self.rank, REPLICATED) or (
             owner == SPLIT and self.piece_of(position, self.rank) is not None)
+
+    def units(self, values: Dict[int, Any]) -> Tuple[Dict[Tuple[int, int], Any],
+                                                      Dict[Tuple[int, int], int]]:
+        """`values` (gradients or weights by position) as the units the
+        exchanges move: a whole variable's, keyed (p, -1), and each piece of
+        a split one's rows, keyed (p, rank) (Note [split variables]); and
+        each unit's owner. Slicing is the backend tensors' own."""
+        units: Dict[Tuple[int, int], Any] = {}
+        owner_of: Dict[Tuple[int, int], int] = {}
+        for p, value in values.items():
+            pieces = self.pieces.get(p)
+            if not pieces:
+                units[(p, -1)], owner_of[(p, -1)] = value, self.owners[p]
+                continue
+            for piece in pieces:
+                units[(p, piece.rank)] = value[piece.begin:piece.end]
+                owner_of[(p, piece.rank)] = piece.rank
+        return units, owner_of
 
     def piece_of(self, position: int, rank: int) -> Optional[Piece]:
         """`rank`'s piece of a split variable, or None (not split, or no piece there)."""

@@ -22,7 +22,7 @@ from hvdkeras.collectives.kernels import in_xla
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Min
-from hvdkeras.sharding.exchange import owner_units, reduce_scatter_to_owners
+from hvdkeras.sharding.exchange import reduce_scatter_to_owners
 from hvdkeras.sharding.state import ShardState
 from hvdkeras.training.gradient_reduction import (ReductionSettings, plan_groups, positions_of,
                                                  reduce_gradients, scale_factors)
@@ -70,7 +70,7 @@ def reduce_to_owners(gradients: Sequence, variables: Sequence, settings: Reducti
             dense = tf.convert_to_tensor(gradients[i])
             packed[state.position(variables[i])] = (i, settings.compression.compress(dense))
         name = f"{settings.name}_shards" + ("" if len(planned) == 1 else f"_{number}")
-        units, owner_of = owner_units({p: c[0] for p, (_, c) in packed.items()}, state)
+        units, owner_of = state.units({p: c[0] for p, (_, c) in packed.items()})
         mine = reduce_scatter_to_owners(units, owner_of, state.rank, state.world_size, name,
                                         wire_op, prescale, postscale, settings.process_set)
         for (p, _), reduced in mine.items():
