@@ -151,6 +151,23 @@ def nodes_idle(name: str) -> Dict[str, str]:
     return states
 
 
+def _start_slurmd(name: str, host: str) -> int:
+    # slurmd is the first process of its host's PID namespace: killing it
+    # ends every process on the host, as a node crash does (link still up).
+    return netlab.start_daemon(
+        name, host, f"{MOUNT_CGROUPS} && exec slurmd -D -N {host} -f {conf_path(name)}",
+        root_dir(name) / f"slurmd-{host}.out")
+
+
+def restart_slurmd(name: str, host: str) -> None:
+    """Starts `host`'s slurmd again (after a test killed it); Slurm returns
+    the node to service by itself (ReturnToService=2)."""
+    state_file = root_dir(name) / "state.json"
+    state = json.loads(state_file.read_text())
+    state["pids"].append(_start_slurmd(name, host))
+    state_file.write_text(json.dumps(state))
+
+
 def up(name: str, count: int, net: int) -> Dict:
     why = can_run()
     if why:
@@ -171,9 +188,7 @@ def up(name: str, count: int, net: int) -> Dict:
                                 directory / "slurmctld.out")]
     time.sleep(1.0)
     for h in lab["hosts"]:
-        pids.append(netlab.start_daemon(
-            name, h["host"], f"{MOUNT_CGROUPS} && exec slurmd -D -N {h['host']} -f {conf}",
-            directory / f"slurmd-{h['host']}.out"))
+        pids.append(_start_slurmd(name, h["host"]))
     state = {"lab": lab, "conf": str(conf), "pids": pids}
     (directory / "state.json").write_text(json.dumps(state))
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -538,3 +538,30 @@ def test_a_rank_cut_off_from_rank_0_is_not_blamed():
     assert code == 1
     assert message.startswith("rank 0 on h0 failed with lost host(s) h1: nothing from rank(s) 2, 3")
     assert "(then rank 2 failed too)" in message
+
+
+def test_a_rank_that_vanished_without_a_trace_is_named_first():
+    from hvdkeras.runner.failures import failure_report
+
+    lost = [{"rank": "0", "pid": 52, "host": "h0", "time": 2.0},
+            {"rank": "1", "pid": 60, "host": "h1", "time": 2.1}]
+    message, code = failure_report([], 255, {}, lost, vanished=[(2, "h2")])
+    assert message.startswith("rank(s) 2 on h2 vanished without a trace"), message
+    assert "then mpiexec ended rank(s) 0, 1" in message and code == 255
+    message, _ = failure_report([], 255, {}, lost, vanished=[])
+    assert message.startswith("the supervisor of rank 0"), message
+
+
+def test_vanished_ranks_are_started_ones_without_any_record():
+    from hvdkeras.runner.restart import _failed_hosts, _vanished
+
+    started = [{"rank": "0", "host": "h0"}, {"rank": "1", "host": "h1"},
+               {"rank": "2", "host": "h2"}]
+    lost = [{"rank": "0", "host": "h0", "time": 1.0}, {"rank": "1", "host": "h1", "time": 1.1}]
+    assert _vanished(started, [], lost) == [(2, "h2")]
+    assert _vanished(started, [{"rank": 1}], lost) == []  # a rank reported: no guessing
+    assert _vanished(started, [], []) == []
+    # A finished rank removed its mark, and a host whose files are not seen left none.
+    assert _vanished(started[:2], [], lost) == []
+    assert _failed_hosts([], lost, [], [(2, "h2")]) == ["h2"]
+    assert _failed_hosts([], lost, []) == ["h0"]

@@ -134,3 +134,39 @@ def test_hvdkerasrun_refuses_a_bad_allocation_before_starting_anything():
     assert result.returncode == 2, describe(result)
     assert "SLURM_TASKS_PER_NODE" in result.stdout and "STARTED" not in result.stdout, \
         describe(result)
+
+
+def test_sinfo_output_names_the_lost_nodes():
+    from hvdkeras.runner.slurm_nodes import NodeTrouble, troubled_nodes
+
+    text = ("h0|allocated|none\nh1|mixed|none\nh2|down*|Not responding\n"
+            "h3|idle*|none\nh4|drained|maintenance\nh2|down*|Not responding\n")
+    assert troubled_nodes(text) == [NodeTrouble("h2", "down*", "Not responding"),
+                                    NodeTrouble("h3", "idle*", ""),
+                                    NodeTrouble("h4", "drained", "maintenance")]
+    assert troubled_nodes("h0|allocated|none\nh1|completing|none\n") == []
+
+
+def test_node_trouble_asks_sinfo_about_the_allocation_only():
+    import subprocess
+
+    from hvdkeras.runner.slurm_nodes import node_trouble
+
+    asked = []
+
+    def sinfo(args, **kwargs):
+        asked.append(args)
+        return subprocess.CompletedProcess(args, 0, "n1|allocated|none\nn2|down*|Not responding\n",
+                                           "")
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
+    said = node_trouble(env, run=sinfo)
+    assert "n2 (down*: Not responding)" in said and "n1" not in said
+    assert asked == [["sinfo", "-h", "-N", "-n", "n1,n2", "-o", "%N|%T|%E"]]
+    assert node_trouble({}, run=sinfo) is None  # not in an allocation: nothing asked
+    assert len(asked) == 1
+
+    def hung(args, **kwargs):
+        raise subprocess.TimeoutExpired(args, kwargs["timeout"])
+
+    assert node_trouble(env, run=hung) is None

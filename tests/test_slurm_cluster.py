@@ -11,8 +11,9 @@ through Slurm. From this machine the tests submit jobs as users do:
   output file holds rank 0's progress once;
 * `srun --mpi=pmi2` starting the ranks itself, and with `-K` a rank that
   fails at start-up ending the whole step at once;
-* a node's link cut mid-job: the job ends, naming the node, and nothing is
-  left on any node or in the queue;
+* a node's link cut mid-job, and a node's slurmd killed (in the lab that
+  ends every process on the host): the job ends, naming the node, and
+  nothing is left on any node or in the queue;
 * `scancel` mid-epoch (every rank ends, the newest checkpoint loads) and a
   requeued job resuming from its checkpoint.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -234,6 +236,34 @@ def test_a_node_cut_off_mid_job_ends_it_naming_the_node(cluster, tmp_path):
     print(f"\ncut node: the job left the queue {took:.1f} s after the cut")
     assert_nothing_left(cluster)
     # The node is back for the next tests.
+    deadline = time.monotonic() + 120
+    while slurmlab.nodes_idle(NAME).get(lost) != "idle" and time.monotonic() < deadline:
+        time.sleep(2)
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_slurmd_ends_the_job_naming_its_node(cluster, tmp_path):
+    """In the lab slurmd is its host's first process, so killing it ends every
+    process on the host at once (a node crash with the link still up): the
+    rank there leaves no record, and the launcher names it and its node."""
+    (tmp_path / "cut.py").write_text(CUT_JOB)
+    lost = cluster["lab"]["hosts"][2]["host"]
+    job, output = submit(tmp_path, f"hvdkerasrun {sys.executable} cut.py", "-N", "3",
+                         "--ntasks-per-node=1")
+    for rank in range(3):
+        wait_for(output, rf"READY {rank}", 240)
+    daemon = subprocess.run(["pgrep", "-f", f"^slurmd -D -N {lost} "], capture_output=True,
+                            text=True).stdout.split()
+    assert len(daemon) == 1, daemon
+    os.kill(int(daemon[0]), signal.SIGKILL)
+    try:
+        took = wait_gone(job, 180)
+        text = output.read_text()
+        assert re.search(rf"rank\(s\) 2 on {lost} vanished without a trace", text), text[-4000:]
+        print(f"\nkilled slurmd: the job left the queue {took:.1f} s after the kill")
+        assert_nothing_left(cluster)
+    finally:
+        slurmlab.restart_slurmd(NAME, lost)
     deadline = time.monotonic() + 120
     while slurmlab.nodes_idle(NAME).get(lost) != "idle" and time.monotonic() < deadline:
         time.sleep(2)

@@ -28,7 +28,11 @@ FAILFAST_GRACE_S = 10.0
 FAILFAST_GRACE_ENV = "HVDKERAS_FAILFAST_GRACE_SECONDS"
 KILL_GRACE_S = 3.0
 POLL_S = 0.2
-LOST_WAIT_S = 1.0
+# How long a failed attempt without records waits for killed supervisors'
+# witnesses to write theirs: until none has come for LOST_SETTLE_S, at most
+# LOST_WAIT_S.
+LOST_SETTLE_S = 0.5
+LOST_WAIT_S = 3.0
 # The per-rank wrapper every rank runs under mpiexec (by path: see rank_shim).
 SHIM = str(Path(rank_shim.__file__).resolve())
 _PREFIX = re.compile(r"^\[(\d+)\]<(?:stdout|stderr)>: ")
@@ -103,6 +107,7 @@ class Attempt:
         self.cmd, self.env, self.status_dir, self.deadline = cmd, env, status_dir, deadline
         self.tails: dict = {}
         self.lost: list[dict] = []
+        self.started: list[dict] = []  # marks of shims that never finished (no records only)
         self.lock = threading.Lock()
         self.enforced = False
         self.timed_out = False
@@ -163,12 +168,18 @@ class Attempt:
                 f.join(timeout=5.0)
         records = rank_shim.read_statuses(self.status_dir)
         self.lost = rank_shim.read_lost(self.status_dir)
-        if not records and not self.lost and proc.returncode != 0:
-            # A killed supervisor's witness may still be writing its record.
+        if not records and proc.returncode != 0:
+            # Killed supervisors' witnesses may still be writing their records:
+            # wait for the first, then until no more come for LOST_SETTLE_S
+            # (a rank with none at all was lost with its host: failures.py).
             end = time.monotonic() + LOST_WAIT_S
-            while not self.lost and time.monotonic() < end:
+            settled_at = time.monotonic() + LOST_SETTLE_S
+            while time.monotonic() < end and (not self.lost or time.monotonic() < settled_at):
                 time.sleep(0.05)
-                self.lost = rank_shim.read_lost(self.status_dir)
+                found = rank_shim.read_lost(self.status_dir)
+                if len(found) != len(self.lost):
+                    self.lost, settled_at = found, time.monotonic() + LOST_SETTLE_S
+        self.started = rank_shim.read_started(self.status_dir) if not records else []
         # Wall-clock time from the first rank's failure until everything ended.
         elapsed = max(0.0, time.time() - records[0].get("time", time.time())) if records else 0.0
         return proc.returncode, records, elapsed, self.tails

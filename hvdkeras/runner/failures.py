@@ -39,15 +39,31 @@ def first_failure(records: list[dict], text_of: Callable[[dict], str]) -> list[d
 
 
 def failure_report(records: list[dict], mpiexec_code: int, tails: dict,
-                   lost: Optional[list[dict]] = None) -> tuple[str, int]:
+                   lost: Optional[list[dict]] = None,
+                   vanished: Optional[list[tuple[int, str]]] = None) -> tuple[str, int]:
     """(message, exit code) for a failed attempt from the ranks' status records.
 
     Pure. The earliest record names the rank that failed first. Without any,
+    ranks that left no trace at all (`vanished`: (rank, host) pairs, neither
+    a record nor a lost supervisor's mark, while others were ended) come
+    first: their supervisor and its witness died with them, which is what a
+    lost host (or a node daemon that takes its processes along) does. Then
     the supervisor that was killed first (`lost`, earliest first: see
     rank_shim.read_lost) is named with its rank; without
     those either (a rank on a host whose files we do not see), mpiexec's code
     is used.
     """
+    if not records and lost and vanished:
+        code = mpiexec_code if mpiexec_code > 0 else (128 - mpiexec_code if mpiexec_code < 0 else 1)
+        hosts = sorted({host for _, host in vanished if host})
+        ranks = ", ".join(str(rank) for rank, _ in vanished)
+        where = f" on {', '.join(hosts)}" if hosts else ""
+        ended = ", ".join(str(m.get("rank")) for m in sorted(lost, key=lambda m: m.get("time", 0)))
+        message = (f"rank(s) {ranks}{where} vanished without a trace (the rank, its supervisor "
+                   f"and its witness all died at once: the host, or every process of the job "
+                   f"on it, was lost); then mpiexec ended rank(s) {ended} "
+                   f"(mpiexec exited with code {mpiexec_code})")
+        return message, code
     if records:
         records = first_failure(records, lambda r: "\n".join(r.get("last_lines") or []))
         first = records[0]

@@ -96,6 +96,21 @@ def lost_path(status_dir: str, rank: str) -> str:
     return os.path.join(status_dir, f"{LOST_PREFIX}{rank}{STATUS_SUFFIX}")
 
 
+STARTED_PREFIX = "started."
+
+
+def started_path(status_dir: str, rank: str) -> str:
+    """A running shim's mark (removed when it finishes): one that stays with
+    neither a failure record nor a lost mark beside it is a rank whose shim
+    and witness died together, the host's processes all at once."""
+    return os.path.join(status_dir, f"{STARTED_PREFIX}{rank}{STATUS_SUFFIX}")
+
+
+def read_started(status_dir: str) -> list[dict]:
+    """Marks of shims that started and have not finished, earliest first."""
+    return _read_records(status_dir, STARTED_PREFIX)
+
+
 def read_lost(status_dir: str) -> list[dict]:
     """Records of supervisors that died without finishing, earliest first."""
     return _read_records(status_dir, LOST_PREFIX)
@@ -248,9 +263,18 @@ def run(command: list[str], status_dir: Optional[str], log_dir: Optional[str], a
     if os.getppid() != parent:
         return 128 + signal.SIGTERM
     witness = _start_witness(status_dir, rank, attempt) if status_dir else None
+    started = started_path(status_dir, rank) if status_dir else None
+    if started:
+        write_status(status_dir, {"rank": rank, "attempt": attempt, "host": socket.gethostname(),
+                                  "pid": os.getpid(), "time": time.time()}, started)
     try:
         return _supervise(command, status_dir, log_dir, attempt, prefix, rank)
     finally:
+        if started:
+            try:
+                os.unlink(started)
+            except OSError:
+                pass
         if witness is not None:
             try:
                 os.write(witness, b"x")  # finished: the witness leaves without a record

@@ -20,12 +20,23 @@ from typing import Optional
 from hvdkeras.engine.config import EXPECTED_SIZE
 from hvdkeras.engine.failfast import is_casualty
 from hvdkeras.runner import elastic as elastic_world
-from hvdkeras.runner import mpi_env
+from hvdkeras.runner import mpi_env, slurm_nodes
 from hvdkeras.runner.attempt import SHIM, Attempt
 from hvdkeras.runner.failures import failure_report, first_failure
 from hvdkeras.runner.hosts import hosts_argument, total_slots
 
 ATTEMPT_ENV = "HVDKERAS_ATTEMPT"  # 1-based attempt number, seen by every rank
+
+
+def _vanished(started: list, records: list, lost: Optional[list]) -> list:
+    """(rank, host) of the ranks whose supervisors started and left neither a
+    failure record nor a lost mark while others were ended (see
+    failure_report and rank_shim.started_path)."""
+    if records or not lost:
+        return []
+    seen = {str(m.get("rank")) for m in lost}
+    return [(int(m["rank"]), str(m.get("host", ""))) for m in started
+            if str(m.get("rank")) not in seen and str(m.get("rank", "")).isdigit()]
 
 
 class _Interrupted(Exception):
@@ -116,14 +127,17 @@ class ElasticState:
     local: bool
 
 
-def _failed_hosts(records: list, lost: list, hosts: list) -> list:
+def _failed_hosts(records: list, lost: list, hosts: list, vanished: list = ()) -> list:
     """The host of every rank that failed on its own (not a casualty), or else of
     the supervisor killed first (mpiexec kills the others' supervisors after it).
     Ranks that did not answer a watchdog (`silent_ranks` in its record: their
-    host or its link is gone) are the failed ones, not the rank that asked."""
+    host or its link is gone), or that vanished without a trace, are the
+    failed ones, not the rank that asked or those mpiexec ended."""
     silent = sorted({int(r) for record in records for r in record.get("silent_ranks") or []})
     if silent:
         return elastic_world.hosts_of_ranks(hosts, silent)
+    if vanished:
+        return [host for _, host in vanished]
     if records:
         own = [r for r in records if not is_casualty("\n".join(r.get("last_lines") or []))]
         return [str(r.get("host") or "") for r in (own or records[:1])]
@@ -131,13 +145,13 @@ def _failed_hosts(records: list, lost: list, hosts: list) -> list:
     return [str(m.get("host") or "") for m in first]
 
 
-def _resize(plan, state: ElasticState, records: list, lost: list, log_file):
+def _resize(plan, state: ElasticState, records: list, lost: list, log_file, vanished=()):
     """The next attempt's plan, or None when fewer than --min-np ranks are left."""
     if state.settings.discovery_script:
         available = elastic_world.discover(state.settings.discovery_script)
         why = f"the host-discovery script reports {total_slots(available)} slot(s)"
     else:
-        failed = _failed_hosts(records, lost, state.hosts)
+        failed = _failed_hosts(records, lost, state.hosts, list(vanished))
         available = elastic_world.without_failed(state.hosts, failed)
         why = f"the slot(s) of {len(failed)} failed rank(s) left out"
     chosen = elastic_world.fit_world(available, state.settings)
@@ -197,7 +211,10 @@ def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
                 code, records, since_failure, tails = supervisor.run()
             except (KeyboardInterrupt, _Interrupted):
                 log(f"attempt {attempt} interrupted; all ranks ended", log_file)
-                return JobResult(130, attempt, None, "interrupted")
+                trouble = slurm_nodes.node_trouble(os.environ)
+                if trouble:
+                    log(trouble, log_file)
+                return JobResult(130, attempt, None, trouble or "interrupted")
             took = time.monotonic() - started
             if supervisor.timed_out:
                 message = f"the job ran past its timeout; attempt {attempt} ended after {took:.1f} s"
@@ -206,7 +223,11 @@ def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
             if code == 0 and not records:
                 log(f"attempt {attempt} of {policy.max_attempts} succeeded in {took:.1f} s", log_file)
                 return JobResult(0, attempt)
-            message, exit_code = failure_report(records, code, tails, supervisor.lost)
+            vanished = _vanished(supervisor.started, records, supervisor.lost)
+            message, exit_code = failure_report(records, code, tails, supervisor.lost, vanished)
+            trouble = slurm_nodes.node_trouble(os.environ)
+            if trouble:  # the node Slurm lost comes first: it is the cause
+                message = f"{trouble}; {message}"
             headline, _, details = message.partition("\n")
             if records and plan.np > 1:
                 headline += f"; all ranks ended {since_failure:.1f} s after it failed"
@@ -221,7 +242,8 @@ def run_attempts(command, plan, rank_env, policy, job_dir, output_dir, log_file,
                 return JobResult(exit_code, attempt, first[0] if first else None, message)
             if elastic is not None:
                 try:
-                    resized = _resize(plan, elastic, records, supervisor.lost, log_file)
+                    resized = _resize(plan, elastic, records, supervisor.lost, log_file,
+                                      vanished)
                 except ValueError as exc:  # the discovery script failed
                     log(f"cannot restart: {exc}", log_file)
                     resized = None
