@@ -227,3 +227,39 @@ def test_cut_variables_save_and_resume_as_whole_ones(stage, tmp_path):
     restored = _full_state(resumed, tmp_path, f"resumed{stage}")
     for got, expected in zip(restored[0] + restored[1], saved[0] + saved[1]):
         np.testing.assert_array_equal(got, expected)
+
+
+CUT_OPTIMIZERS = {
+    "adamw_global_clipnorm": lambda: keras.optimizers.AdamW(1e-3, weight_decay=0.1,
+                                                            global_clipnorm=0.05),
+    "adam_ema": lambda: keras.optimizers.Adam(1e-3, use_ema=True, ema_overwrite_frequency=2),
+    "adam_accumulating": lambda: keras.optimizers.Adam(1e-3, gradient_accumulation_steps=2),
+    "loss_scaled_sgd": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.01, momentum=0.9)),
+    "nadam": lambda: keras.optimizers.Nadam(1e-3),
+    "rmsprop_centered": lambda: keras.optimizers.RMSprop(1e-3, centered=True),
+    "lion": lambda: keras.optimizers.Lion(1e-4),
+    "adagrad": lambda: keras.optimizers.Adagrad(1e-2),
+}
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("kind", list(CUT_OPTIMIZERS))
+def test_cut_variables_keep_every_elementwise_feature(kind, stage):
+    """Weight decay, global-norm clipping, EMA, Keras's accumulation and loss
+    scaling on the cut kernel: the weights are stage 0's."""
+    steps, per_rank = 4, 8
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(steps * hvd.size() * per_rank, 96)).astype("float32")
+    y = rng.normal(size=(steps * hvd.size() * per_rank, 10)).astype("float32")
+    fitted = []
+    for zero_stage in (0, stage):
+        model = _wide_mlp(hvd.DistributedOptimizer(CUT_OPTIMIZERS[kind](), zero_stage=zero_stage))
+        fit_distributed(model, shard(x, steps, per_rank), shard(y, steps, per_rank),
+                        batch_size=per_rank)
+        fitted.append(model)
+    if hvd.size() > 1:
+        holder = getattr(fitted[1].optimizer, "inner_optimizer", fitted[1].optimizer)
+        assert holder._hvdkeras_shards.pieces, "the kernel should have been cut"
+    for i, (got, want) in enumerate(zip(fitted[1].get_weights(), fitted[0].get_weights())):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=f"{kind} weight {i}")
