@@ -20,17 +20,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from mpi_runner import _child_env, _kill_group, tail
+from lab_drivers import finish, lose_a_rank_host
+from mpi_runner import _child_env, tail
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 sys.path.insert(0, str(REPO / "scripts"))
-import netlab  # noqa: E402
 import sparklab  # noqa: E402
 
 NAME = "hvksp"
@@ -60,16 +59,6 @@ def driver(cluster: dict, mode: str, ready_dir: Path) -> subprocess.Popen:
         start_new_session=True)
 
 
-def finish(proc: subprocess.Popen, timeout: float) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise AssertionError(f"the driver did not finish in {timeout} s:\n"
-                             f"{tail(proc.communicate(timeout=10)[0])}") from None
-    return out
-
-
 def executors(out: str) -> list:
     match = re.search(r"^EXECUTORS (.*)$", out, re.M)
     assert match, tail(out)
@@ -97,23 +86,6 @@ def test_keras_estimator_fits_across_three_hosts(cluster, tmp_path):
 @pytest.mark.timeout(400)
 def test_a_lost_worker_host_ends_the_run_naming_it(cluster, tmp_path):
     proc = driver(cluster, "lost", tmp_path)
-    deadline = time.monotonic() + 240
-    while len(list(tmp_path.glob("ready.[0-9]"))) < 3 and time.monotonic() < deadline:
-        assert proc.poll() is None, tail(proc.communicate()[0])
-        time.sleep(0.5)
-    placed = {int(p.suffix[1:]): p.read_text() for p in tmp_path.glob("ready.[0-9]")}
-    assert len(placed) == 3, placed
-    # A worker's host that holds neither rank 0 nor the master.
-    master_host = cluster["lab"]["hosts"][0]["host"]
-    lost_rank, lost = next((r, h) for r, h in sorted(placed.items())
-                           if r != 0 and h not in (placed[0], master_host))
-    killed = netlab.crash(NAME, lost)
-    crashed_at = time.monotonic()
-    out = finish(proc, 200)
-    took = time.monotonic() - crashed_at
-    print(f"\nlost Spark worker host {lost} ({killed} processes killed): the run ended "
-          f"{took:.1f} s later")
-    assert re.search(rf"FAILED after .*host\(s\) {lost} \(rank\(s\) {lost_rank}\) sent nothing",
-                     out, re.S), tail(out)
-    assert "UNREACHABLE" not in out
-    assert took < LIVENESS_S + 40, took
+    # A host that holds neither rank 0 nor the master.
+    lose_a_rank_host(proc, tmp_path, NAME, cluster["lab"]["hosts"][0]["host"], LIVENESS_S,
+                     "Spark worker")
