@@ -29,7 +29,7 @@ import numpy as np
 from hvdkeras.backends import dispatch
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
-from hvdkeras.sharding.plan import REPLICATED, Blocks, by_dtype, plan_blocks
+from hvdkeras.sharding.plan import Blocks, by_dtype, plan_blocks
 from hvdkeras.sharding.state import ShardState
 
 def _elements(shape: Sequence[int]) -> int:
@@ -123,15 +123,7 @@ def share_from_owners(state: ShardState, name: str) -> None:
             if mine:
                 torch_ops.broadcast_in_place(mine, f"{name}_from{owner}", owner, set_id)
         return
-    current = {p: (state.piece_variables[p].value if p in state.piece_variables else v.value)
-               for p, v in enumerate(variables) if state.owners[p] != REPLICATED}
-    units, owner_of = state.units({p: value for p, value in current.items()
-                                   if p not in state.pieces})
-    for p, pieces in state.pieces.items():
-        for piece in pieces:  # this rank's from its piece; the others' give the shape
-            units[(p, piece.rank)] = (current[p] if piece.rank == state.rank
-                                      else variables[p].value[piece.begin:piece.end])
-            owner_of[(p, piece.rank)] = piece.rank
+    units, owner_of = state.weight_units(lambda variable: variable.value)
     received = allgather_from_owners(units, owner_of, state.rank, state.world_size, name,
                                      state.process_set)
     for (p, holder), value in received.items():
@@ -139,7 +131,7 @@ def share_from_owners(state: ShardState, name: str) -> None:
             variables[p].assign(value)
     for p, pieces in state.pieces.items():
         variables[p].assign(keras.ops.concatenate(
-            [current[p] if piece.rank == state.rank else received[(p, piece.rank)]
+            [units[(p, piece.rank)] if piece.rank == state.rank else received[(p, piece.rank)]
              for piece in pieces], axis=0))
 
 

@@ -214,6 +214,19 @@ class ShardState:
                 owner_of[(p, piece.rank)] = piece.rank
         return units, owner_of
 
+    def weight_units(self, read: Any) -> Tuple[Dict[Tuple[int, int], Any],
+                                               Dict[Tuple[int, int], int]]:
+        """The weights to share after an update, as `units` lays them out:
+        `read(variable)` of every variable that is not replicated, this
+        rank's pieces from its piece variables (which hold the update), the
+        other ranks' pieces as the variable's rows (only their shapes are
+        read: their holders send them)."""
+        units, owner_of = self.units({p: read(v) for p, v in enumerate(self.variables)
+                                      if self.owners[p] != REPLICATED})
+        for p, part in self.piece_variables.items():
+            units[(p, self.rank)] = read(part)
+        return units, owner_of
+
     def piece_of(self, position: int, rank: int) -> Optional[Piece]:
         """`rank`'s piece of a split variable, or None (not split, or no piece there)."""
         return next((piece for piece in self.pieces.get(position, ()) if piece.rank == rank),

@@ -8,14 +8,13 @@ What may import this module: `hvdkeras.training` (the TensorFlow backend's
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any
 
 import tensorflow as tf
 
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import broadcast_from_owners
-from hvdkeras.sharding.plan import REPLICATED, SPLIT
 from hvdkeras.sharding.sharded_optimizer import ShardedOptimizerMixin
 
 
@@ -37,21 +36,7 @@ class TFShardedMixin(ShardedOptimizerMixin):
         state = self._hvdkeras_shards
         if state.world_size == 1:
             return
-        # One unit per whole variable, (p, -1), and per piece, (p, rank).
-        values: Dict[Tuple[int, int], tf.Tensor] = {}
-        owner_of: Dict[Tuple[int, int], int] = {}
-        for p, variable in enumerate(state.variables):
-            if state.owners[p] == REPLICATED:
-                continue
-            for piece in state.pieces.get(p, ()):
-                owner_of[(p, piece.rank)] = piece.rank
-                values[(p, piece.rank)] = (
-                    tf.convert_to_tensor(state.piece_variables[p]) if piece.rank == state.rank
-                    else tf.zeros((piece.end - piece.begin,) + tuple(variable.shape[1:]),
-                                  variable.dtype))  # only its shape and dtype are read
-            if state.owners[p] != SPLIT:
-                owner_of[(p, -1)] = state.owners[p]
-                values[(p, -1)] = tf.convert_to_tensor(variable)
+        values, owner_of = state.weight_units(tf.convert_to_tensor)
         received = broadcast_from_owners(values, owner_of, state.rank, state.world_size,
                                          f"{state.name}_weights", state.process_set)
         kept_alive = set()
