@@ -258,3 +258,37 @@ def torch_at_end_of_backward(callback: Any) -> None:
                            "queue_callback, which this PyTorch version does not have; set "
                            "HVDKERAS_TORCH_BACKWARD_OVERLAP=0 to reduce in apply() instead.")
     engine.queue_callback(callback)
+
+
+def variable_storage(variable: Any) -> Any:
+    """The backend variable inside a Keras variable (under TensorFlow its
+    `tf.Variable`). ZeRO stage 3 swaps it for the rows a rank holds (Note
+    [sharded parameters]); Keras 3.15 keeps it in `_value`, with no public
+    way to reach or replace it. Raises AttributeError if a release moves it."""
+    return variable._value
+
+
+def replace_variable_storage(variable: Any, storage: Any) -> None:
+    """Makes `storage` the backend variable inside a Keras variable (see
+    `variable_storage`)."""
+    if not hasattr(variable, "_value"):
+        raise AttributeError("this Keras release keeps a variable's value elsewhere than "
+                             "_value; zero_stage=3 cannot shard the model's weights")
+    variable._value = storage
+
+
+def stateless_value(variable: Any) -> Optional[Any]:
+    """The value a `keras.StatelessScope` maps `variable` to, or None (no
+    scope, or not mapped). Keras reads it in `Variable.value`; a class that
+    overrides `value` (Note [sharded parameters]) must honour it the same
+    way, through Keras's internal scope accessors (3.15)."""
+    from keras.src.backend.common import stateless_scope  # lazy: Keras internal
+
+    if not stateless_scope.in_stateless_scope():
+        return None
+    return stateless_scope.get_stateless_scope().get_current_value(variable)
+
+
+def autocast_value(variable: Any, value: Any) -> Any:
+    """`value` cast as Keras casts `variable`'s reads under a mixed policy."""
+    return variable._maybe_autocast(value)

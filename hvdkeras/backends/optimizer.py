@@ -287,6 +287,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set
+    if zero_stage == 3:
+        raise ValueError(f"zero_stage=3 (sharded weights) runs under the TensorFlow backend "
+                         f"only so far, not {keras.backend.backend()}; use zero_stage=2 here "
+                         "(sharded optimizer state and gradients).")
     accumulator = None
     if backward_passes_per_step > 1 and zero_stage:
         # Sharded state sums the passes here, not in Keras's accumulators.

@@ -15,6 +15,7 @@ What may import this module: nothing; the rank runs it with ``-m``
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import pickle
 import signal
@@ -55,6 +56,9 @@ def _wait_for_ports(client, size: int, timeout: float) -> list:
 
 def main() -> int:
     _die_with_parent()
+    # A rank that dies on a signal (a crash inside a native library) prints
+    # every thread's Python stack first, so its task's error shows where.
+    faulthandler.enable(all_threads=True)
     host, _, port = os.environ[ADDRESS_ENV].rpartition(":")
     index, size = int(os.environ[INDEX_ENV]), int(os.environ[SIZE_ENV])
     secret = take_secret(os.environ.pop(SECRET_FILE_ENV))

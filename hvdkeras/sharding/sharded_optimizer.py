@@ -40,10 +40,20 @@ class ShardedOptimizerMixin:
         if self.built:
             return
         # Other ranks' variables are stand-ins (Note [stand-ins keep the layout]).
-        built_for = state.plan(list(variables), elementwise=updates_elementwise(self))
+        built_for = self._hvdkeras_before_build(
+            state.plan(list(variables), elementwise=updates_elementwise(self)))
         super().build(built_for)
         state.layout = slot_layout(self, built_for)
         state.check_layout(self)
+        self._hvdkeras_after_build()
+
+    def _hvdkeras_before_build(self, built_for: List[Any]) -> List[Any]:
+        """The list to build the slots on (a backend that shards the weights
+        too puts the rows it holds in it)."""
+        return built_for
+
+    def _hvdkeras_after_build(self) -> None:
+        """Runs once the slots exist."""
 
     def apply(self, grads, trainable_variables=None):
         state = self._hvdkeras_shards
@@ -55,8 +65,7 @@ class ShardedOptimizerMixin:
         for gradient, variable in zip(grads, variables):
             p = state.position(variable)
             if state.keeps(p) and gradient is not None:
-                if p in state.piece_variables:
-                    gradient, variable = self._hvdkeras_piece_step(p, gradient, variable)
+                gradient, variable = self._hvdkeras_held(p, gradient, variable)
                 own_grads.append(gradient)
                 own_vars.append(variable)
                 replicated.append(state.owners[p] == REPLICATED)
@@ -66,6 +75,12 @@ class ShardedOptimizerMixin:
         else:
             self._hvdkeras_step_without_variables()
         self._hvdkeras_after_update()
+
+    def _hvdkeras_held(self, p: int, gradient: Any, variable: Any):
+        """The gradient and the variable the update of position `p` uses."""
+        if p in self._hvdkeras_shards.piece_variables:
+            return self._hvdkeras_piece_step(p, gradient, variable)
+        return gradient, variable
 
     def _hvdkeras_piece_step(self, p: int, gradient: Any, variable: Any):
         """This rank's piece of split variable `p` for the update: its rows

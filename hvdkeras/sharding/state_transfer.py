@@ -16,7 +16,7 @@ What may import this module: `hvdkeras.sharding`, the callbacks and
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List
+from typing import Any, ContextManager, Dict, Iterator, List
 
 import keras
 import numpy as np
@@ -132,12 +132,23 @@ def scatter_from_root(optimizer: Any) -> None:
     state.collecting = False
 
 
+def whole_weights(model_or_optimizer: Any) -> ContextManager[None]:
+    """A block in which every rank holds the model's weights whole (at
+    `zero_stage=3`; elsewhere a block that does nothing). Collective."""
+    optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
+    holder = shard_holder(optimizer)
+    parameters = getattr(holder, "_hvdkeras_parameters", None) if holder is not None else None
+    if parameters is None or not holder.built:
+        return contextlib.nullcontext()
+    return parameters.gathered_weights()
+
+
 @contextlib.contextmanager
 def gathered_optimizer_state(model_or_optimizer: Any) -> Iterator[None]:
     """Lets rank 0 save a sharded optimizer's whole state inside the block.
 
     Every rank must enter it (it is collective). Inside, rank 0 holds the
-    values of every slot, so `model.save(...)` / `model.save_weights(...)` on
+    values of every slot (and at `zero_stage=3` every rank the whole weights), so `model.save(...)` / `model.save_weights(...)` on
     rank 0 writes a normal checkpoint that loads without hvdkeras and into
     an unsharded optimizer. Outside, rank 0 holds its own shard only again.
     For an optimizer that is not sharded it does nothing.
@@ -158,8 +169,11 @@ def gathered_optimizer_state(model_or_optimizer: Any) -> Iterator[None]:
     if holder is None or not holder.built or holder._hvdkeras_shards.world_size == 1:
         yield
         return
-    gather_to_root(holder)
-    try:
-        yield
-    finally:
-        holder._hvdkeras_shards.gathered = None
+    # At stage 3 the weights are sharded too: every rank holds them whole
+    # for the block (Note [sharded parameters]).
+    with whole_weights(holder):
+        gather_to_root(holder)
+        try:
+            yield
+        finally:
+            holder._hvdkeras_shards.gathered = None

@@ -8,7 +8,7 @@ What may import this module: `hvdkeras.training` (the TensorFlow backend's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List, Optional
 
 import tensorflow as tf
 
@@ -16,13 +16,34 @@ from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import broadcast_from_owners
 from hvdkeras.sharding.sharded_optimizer import ShardedOptimizerMixin
+from hvdkeras.sharding.tf_parameters import ShardedParameters
 
 
 class TFShardedMixin(ShardedOptimizerMixin):
-    """The sharded optimizer under TensorFlow."""
+    """The sharded optimizer under TensorFlow (at stage 3 with the model's
+    weights sharded too: `tf_parameters`)."""
+
+    _hvdkeras_parameters: Optional[ShardedParameters] = None
+
+    def _hvdkeras_before_build(self, built_for: List[Any]) -> List[Any]:
+        if self._hvdkeras_parameters is None:
+            return built_for
+        return self._hvdkeras_parameters.make_holdings(built_for)
+
+    def _hvdkeras_after_build(self) -> None:
+        if self._hvdkeras_parameters is not None:
+            self._hvdkeras_parameters.take_over()
+
+    def _hvdkeras_held(self, p: int, gradient: Any, variable: Any):
+        if self._hvdkeras_parameters is None:
+            return super()._hvdkeras_held(p, gradient, variable)
+        # Stage 3: the gradient arrives as the rows held (Note [sharded parameters]).
+        return gradient, self._hvdkeras_parameters.holdings[p]
 
     def _hvdkeras_after_update(self) -> None:
         """Shares the updated weights (on update steps, when Keras accumulates)."""
+        if self._hvdkeras_parameters is not None:
+            return  # stage 3: each rank keeps its rows; steps gather them
         if self.gradient_accumulation_steps and not self.use_ema:
             steps = self.gradient_accumulation_steps
             tf.cond(tf.equal(self._iterations % steps, 0),

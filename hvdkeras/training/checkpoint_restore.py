@@ -19,7 +19,7 @@ from hvdkeras.training.checkpoint_naming import (RESUME_ENTRY, newest_first,
                                                  parse_checkpoint_position)
 from hvdkeras.training.model_sync import broadcast_model, build_optimizer
 from hvdkeras.sharding.sharded_optimizer import shard_holder
-from hvdkeras.sharding.state_transfer import scatter_from_root
+from hvdkeras.sharding.state_transfer import scatter_from_root, whole_weights
 from hvdkeras.training.resume_state import apply_random_states
 
 
@@ -112,7 +112,7 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
     checkpoint the root's current state is broadcast and (0, 0) returned.
     The layers' random-generator states saved with the checkpoint are
     restored too (see Note [exact resume] in resume_state.py). With a sharded
-    optimizer (`zero_stage` 1 or 2) the root sends each rank the slots of
+    optimizer (`zero_stage` 1 to 3) the root sends each rank the slots of
     the variables it owns, whatever the number of ranks that wrote the file.
     Call it on every rank, after `compile()`.
 
@@ -146,8 +146,25 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
     build_optimizer(model)
     holder = shard_holder(model.optimizer)
     if holder is not None and root_rank != 0:
-        raise ValueError("A sharded optimizer (zero_stage 1 or 2) is restored through rank 0; "
+        raise ValueError("A sharded optimizer (zero_stage 1 to 3) is restored through rank 0; "
                          "call restore_training_position with root_rank=0.")
+    with whole_weights(model):  # zero_stage=3: the root loads whole weights
+        position, path, status = _load_on_root(model, directory, root_rank, holder)
+    if holder is not None:
+        scatter_from_root(holder)
+    position = TrainingPosition(*(int(v) for v in status[:4]))
+    if verbose and world.rank() == root_rank:
+        if path is not None:
+            at = f" step {position.step + 1}" if position.step else ""
+            print(f"hvdkeras: resumed from {path}: continuing at epoch {position.epoch + 1}{at}.",
+                  flush=True)
+        else:
+            print(f"hvdkeras: no checkpoint in {directory!r}: starting at epoch 1.", flush=True)
+    return position
+
+
+def _load_on_root(model: Any, directory: str, root_rank: int, holder: Any):
+    """The root loads the newest checkpoint and every rank takes its weights."""
     position, path, failure = TrainingPosition(0, 0), None, None
     if world.rank() == root_rank:
         if holder is not None:  # keep the other ranks' slots to send them after
@@ -165,14 +182,4 @@ def restore_training_position(model: Any, directory: str, root_rank: int = 0,
             raise RuntimeError(f"{message} Cause: {failure}") from failure
         raise RuntimeError(message)
     broadcast_model(model, root_rank=root_rank)
-    if holder is not None:
-        scatter_from_root(holder)
-    position = TrainingPosition(*(int(v) for v in status[:4]))
-    if verbose and world.rank() == root_rank:
-        if path is not None:
-            at = f" step {position.step + 1}" if position.step else ""
-            print(f"hvdkeras: resumed from {path}: continuing at epoch {position.epoch + 1}{at}.",
-                  flush=True)
-        else:
-            print(f"hvdkeras: no checkpoint in {directory!r}: starting at epoch 1.", flush=True)
-    return position
+    return position, path, status

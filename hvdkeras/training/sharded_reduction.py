@@ -23,6 +23,7 @@ from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Min
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
+from hvdkeras.sharding.plan import REPLICATED
 from hvdkeras.sharding.state import ShardState
 from hvdkeras.training.gradient_reduction import (ReductionSettings, plan_groups, positions_of,
                                                  reduce_gradients, scale_factors)
@@ -85,5 +86,32 @@ def reduce_to_owners(gradients: Sequence, variables: Sequence, settings: Reducti
              for r in (result[i] for i in present) if r is not None], state)
         for i in present:
             if result[i] is None:
+                result[i] = flag
+    return result
+
+
+def held_gradients(gradients: Sequence, variables: Sequence, settings: ReductionSettings,
+                   local_ids: AbstractSet[int], state: ShardState, loss_scaled: bool) -> List:
+    """Stage 3: the tape already returned each sharded weight's gradient
+    reduced to the rows this rank holds (Note [sharded parameters]), so only
+    local variables' gradients go the usual way; positions this rank holds
+    no rows of become None (or the loss-scale flag)."""
+    gradients = list(gradients)
+    local = [g if state.owners[state.position(v)] == REPLICATED else None
+             for g, v in zip(gradients, variables)]
+    result = reduce_gradients(local, settings, variables, local_ids)
+    held = []
+    for i, (g, v) in enumerate(zip(gradients, variables)):
+        p = state.position(v)
+        if state.owners[p] != REPLICATED:
+            result[i] = g if state.keeps(p) else None
+        if result[i] is not None:
+            held.append(i)
+    if loss_scaled:
+        flag = _finite_everywhere_flag(
+            [r.values if isinstance(r, tf.IndexedSlices) else r
+             for r in (result[i] for i in held)], state)
+        for i, g in enumerate(gradients):
+            if g is not None and result[i] is None:
                 result[i] = flag
     return result

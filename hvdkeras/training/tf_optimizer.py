@@ -30,11 +30,13 @@ from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, shard_holder
 from hvdkeras.sharding.state import ShardState
+from hvdkeras.sharding.tf_parameters import ShardedParameterMixin, ShardedParameters
 from hvdkeras.sharding.tf_sharded_optimizer import TFShardedMixin
 from hvdkeras.training import guards
-from hvdkeras.training.gradient_reduction import ReductionSettings, reduce_gradients
+from hvdkeras.training.gradient_reduction import (ReductionSettings, reduce_gradients,
+                                                 scale_factors)
 from hvdkeras.training.local_accumulation import LocalGradientAccumulator
-from hvdkeras.training.sharded_reduction import reduce_to_owners
+from hvdkeras.training.sharded_reduction import held_gradients, reduce_to_owners
 
 
 class _DistributedOptimizerMixin(AroundShardsMixin):
@@ -60,9 +62,20 @@ class _DistributedOptimizerMixin(AroundShardsMixin):
                                     self._hvdkeras_local_ids)
         if not holder.built:
             holder.build(variables)
+        if holder._hvdkeras_shards.stage == 3:
+            return held_gradients(grads, variables, self._hvdkeras_reduction,
+                                  self._hvdkeras_local_ids, holder._hvdkeras_shards,
+                                  loss_scaled=holder is not self)
         return reduce_to_owners(grads, variables, self._hvdkeras_reduction,
                                 self._hvdkeras_local_ids, holder._hvdkeras_shards,
                                 loss_scaled=holder is not self)
+
+    def _var_key(self, variable):
+        # Keras keys a variable by its tf.Variable, read through `value`,
+        # which at stage 3 is the gathered weight (Note [sharded parameters]).
+        if isinstance(variable, ShardedParameterMixin):
+            return compat.variable_storage(variable)._unique_id
+        return super()._var_key(variable)
 
     def build(self, variables):
         guards.check_not_inside_loss_scale_optimizer(self)
@@ -135,6 +148,13 @@ def _shard(optimizer: Any, zero_stage: int, settings: ReductionSettings) -> None
     holder.__class__ = compat.with_mixin(TFShardedMixin, type(holder))
     holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{settings.name}_zero",
                                          settings.process_set, zero_stage, can_split=True)
+    if zero_stage == 3:
+        wire_op, prescale, postscale = scale_factors(settings.op,
+                                                     settings.gradient_predivide_factor, ps.size)
+        holder._hvdkeras_parameters = ShardedParameters(
+            holder._hvdkeras_shards, (wire_op, prescale, postscale,
+                                      settings.compression.compress,
+                                      settings.compression.decompress))
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str], compression: Compressor,
@@ -163,6 +183,9 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str], compression: Compr
                                                average_aggregated_gradients)
         if optimizer.built:
             accumulator.build(compat.optimizer_variables_built_for(optimizer))
+    if zero_stage == 3 and backward_passes_per_step > 1:
+        raise ValueError("zero_stage=3 does not accumulate gradients over several passes yet "
+                         "(backward_passes_per_step > 1); use zero_stage=2 for that.")
     if zero_stage:
         _shard(optimizer, zero_stage, settings)
     optimizer.__class__ = compat.with_mixin(_DistributedOptimizerMixin, type(optimizer))

@@ -51,7 +51,7 @@ def _full_state(model, tmp_path, name):
     return hvd.broadcast_object(state, root_rank=0, name=f"state_{name}")
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_fit_matches_one_process_and_saves_the_whole_state(kind, stage, tmp_path):
     x, y = _data()
@@ -75,7 +75,7 @@ def _fit_with_checkpoints(model, directory, epochs, initial_epoch=0):
                                         hvd.callbacks.CheckpointCallback(directory)])
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_checkpoint_resume_continues_exactly(stage, tmp_path):
     directory = str(tmp_path / f"ckpt{stage}")
     make = lambda: _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01),  # noqa: E731
@@ -109,23 +109,25 @@ def test_rank_zero_alone_cannot_save_sharded_state(tmp_path):
         model.save(os.path.join(str(tmp_path), "alone.keras"))
 
 
-def test_best_model_checkpoint_saves_the_whole_sharded_state(tmp_path):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_best_model_checkpoint_saves_the_whole_sharded_state(stage, tmp_path):
     """Per-rank logs differ here (no MetricAverageCallback): rank 0 decides and
     every rank joins its save, so nobody waits and the file is complete."""
-    model = _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), zero_stage=2))
-    path = os.path.join(str(tmp_path), "best.keras")
+    model = _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), zero_stage=stage))
+    path = os.path.join(str(tmp_path), f"best{stage}.keras")
     x, y = regression_data(seed=70 + hvd.rank(), rows=12)
     model.fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                          hvd.callbacks.BestModelCheckpoint(path, monitor="loss", mode="min")])
-    _, now = _full_state(model, tmp_path, "best_now")
+    weights, now = _full_state(model, tmp_path, f"best_now{stage}")
     if hvd.rank() == 0:
         best = keras.models.load_model(path)
         assert [v.shape for v in variable_values(best.optimizer.variables)] == \
             [v.shape for v in now]
+        assert [w.shape for w in best.get_weights()] == [w.shape for w in weights]
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_steps_per_execution(stage):
     """Several steps per tf.function call (a loop in the graph): the sharded
     step's explicitly named collectives repeat in order and stay exact."""
@@ -140,6 +142,11 @@ def test_steps_per_execution(stage):
                               batch_size=hvd.size() * B)
     assert_weights_close(model.get_weights(), reference.get_weights(),
                          f"steps_per_execution stage {stage}")
+
+
+def hvd_storage_shape(variable):
+    """The shape of what a model variable stores on this rank (its rows at stage 3)."""
+    return tuple(variable._value.shape)
 
 
 def _wide_mlp(optimizer):
@@ -162,21 +169,21 @@ def test_every_stage_gives_stage_zero_weights_bit_for_bit():
     x = rng.normal(size=(rows, 96)).astype("float32")
     y = rng.normal(size=(rows, 10)).astype("float32")
     weights = {}
-    for stage in (0, 1, 2):
+    for stage in (0, 1, 2, 3):
         model = _wide_mlp(hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3),
                                                    zero_stage=stage))
         fit_distributed(model, shard(x, steps, per_rank), shard(y, steps, per_rank),
                         batch_size=per_rank)
         weights[stage] = model.get_weights()
     assert_weights_moved([w for w in _wide_mlp("adam").get_weights()], weights[0], "stage 0")
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         for i, (got, want) in enumerate(zip(weights[stage], weights[0])):
             differ = int(np.sum(got != want))
             assert differ == 0, (f"stage {stage}, weight {i}: {differ} of {got.size} entries "
                                  f"differ from stage 0's, by up to {np.max(np.abs(got - want))}")
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_a_dominant_variable_is_cut_so_each_rank_holds_its_share(stage):
     """The wide MLP's 512x384 kernel is 78% of its parameters: whole-variable
     shards would leave one rank 0.78 of the state; cut into row blocks
@@ -191,9 +198,15 @@ def test_a_dominant_variable_is_cut_so_each_rank_holds_its_share(stage):
     whole = sum(int(np.prod(v.shape)) * 4 for v in reference.optimizer.variables)
     fullest = max(hvd.allgather_object(held, name=f"held_{stage}"))
     assert fullest <= whole * (1 / hvd.size() + 0.02), (fullest, whole)
+    # At stage 3 the weights themselves: what each rank's model variables store.
+    stored = sum(int(np.prod(hvd_storage_shape(v))) * 4 for v in model.trainable_variables)
+    weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    fullest = max(hvd.allgather_object(stored, name=f"stored_{stage}"))
+    assert fullest <= weights * ((1 / hvd.size() + 0.02) if stage == 3 else 1), (fullest, weights)
+    assert [w.shape for w in model.get_weights()] == [tuple(v.shape) for v in model.weights]
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_cut_variables_save_and_resume_as_whole_ones(stage, tmp_path):
     """A checkpoint of cut state is the normal file stage 0 writes, bit for
     bit, and resuming gives every rank its rows of it back."""
@@ -243,11 +256,13 @@ CUT_OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("kind", list(CUT_OPTIMIZERS))
 def test_cut_variables_keep_every_elementwise_feature(kind, stage):
     """Weight decay, global-norm clipping, EMA, Keras's accumulation and loss
     scaling on the cut kernel: the weights are stage 0's."""
+    if stage == 3 and kind == "adam_ema":
+        pytest.skip("zero_stage=3 refuses an EMA (test_stage_three_refuses_what_it_cannot_do)")
     steps, per_rank = 4, 8
     rng = np.random.default_rng(12)
     x = rng.normal(size=(steps * hvd.size() * per_rank, 96)).astype("float32")
@@ -263,3 +278,11 @@ def test_cut_variables_keep_every_elementwise_feature(kind, stage):
         assert holder._hvdkeras_shards.pieces, "the kernel should have been cut"
     for i, (got, want) in enumerate(zip(fitted[1].get_weights(), fitted[0].get_weights())):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=f"{kind} weight {i}")
+
+
+def test_stage_three_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="EMA"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3, use_ema=True), zero_stage=3)
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3), zero_stage=3,
+                                 backward_passes_per_step=2)

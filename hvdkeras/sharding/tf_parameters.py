@@ -1,0 +1,272 @@
+"""ZeRO stage 3 under TensorFlow: the model's trainable weights kept sharded
+between steps, gathered whole where a step reads them, their gradients
+reduce-scattered to the ranks that hold them.
+
+Note [sharded parameters]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+At stage 3 the plan of stages 1 and 2 (whole variables by owner, the
+dominant ones cut into row blocks: Note [split variables] in `split_plan`)
+also says where the weights live. When the optimizer is built, each model
+variable's storage (the `tf.Variable` inside the Keras variable) is swapped
+for this rank's rows of it: all of them on the owner of a whole variable,
+its piece's rows on a rank holding a piece, no rows elsewhere. The
+optimizer is built on plain Keras variables that share that storage (its
+"holdings"), so its slots and checkpoints are stage 2's. The model variable
+itself is given a class whose `value` is the whole weight: inside a traced
+function, the first read gathers every sharded weight at once (one
+allgather per dtype, each rank contributing its rows, which are in rank
+order) and later reads in the same graph reuse the result; eagerly, a read
+gathers that variable alone, unless `gathered_weights` holds every value
+for a block. The gather's gradient is stage 2's reduce-scatter of the
+whole-variable gradients to their holders (`reduce_scatter_to_owners`: the
+same units, blocks and summation order, so stage 3 gives stage 2's and
+stage 0's weights bit for bit on one host), which is what the tape returns
+for the holding. Assigning a whole value keeps this rank's rows. So a
+read anywhere outside `gathered_weights` is a collective: every rank must
+make the same reads in the same order, as with any hvdkeras collective.
+The step's graph differs per rank (each updates its own rows), so these
+collectives carry fixed names (Note [collective names]): one gather and one
+reduce-scatter per graph.
+
+What may import this module: `hvdkeras.sharding` and `hvdkeras.training`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdkeras import compat
+from hvdkeras.collectives import kernels
+from hvdkeras.collectives.common import fixed_collective_names
+from hvdkeras.engine import process_sets
+from hvdkeras.sharding.exchange import reduce_scatter_to_owners
+from hvdkeras.sharding.plan import REPLICATED, by_dtype
+from hvdkeras.sharding.sharded_optimizer import shard_holder
+from hvdkeras.sharding.state import ShardState
+
+# (op on the wire, prescale, postscale, compress, decompress) of the gradient step.
+Reduction = Tuple[int, float, float, Callable, Callable]
+
+
+class ShardedParameters:
+    """The rows of the model's weights this rank holds, and how to make
+    them whole (Note [sharded parameters]).
+
+    Args:
+        state: The optimizer's shard (its plan is the weights' too).
+        reduction: How gradients are reduced: the wire op, prescale,
+            postscale and the compression's `compress`/`decompress`.
+    """
+
+    def __init__(self, state: ShardState, reduction: Reduction) -> None:
+        self.state = state
+        self.reduction = reduction
+        self.holdings: Dict[int, keras.Variable] = {}
+        self.sharded: List[int] = []
+        self.whole_values: Optional[Dict[int, np.ndarray]] = None
+        self._graphs: "weakref.WeakKeyDictionary[Any, Dict[int, tf.Tensor]]" = (
+            weakref.WeakKeyDictionary())
+
+    # -- taking the weights over ------------------------------------------
+
+    def rows(self, p: int, rank: int) -> Tuple[int, int]:
+        """Rows [begin, end) of variable `p` that `rank` holds."""
+        state = self.state
+        total = _rows(state.variables[p])
+        if state.owners[p] == rank:
+            return 0, total
+        piece = state.piece_of(p, rank)
+        return (piece.begin, piece.end) if piece is not None else (0, 0)
+
+    def make_holdings(self, built_for: List[Any]) -> List[Any]:
+        """Plain variables for the rows this rank holds, set from the model's
+        current values; returns `built_for` with them in place of the model
+        variables and the (empty) piece variables."""
+        state = self.state
+        built_for = list(built_for)
+        self.sharded = [p for p in range(len(state.variables))
+                        if state.owners[p] != REPLICATED]
+        for p in self.sharded:
+            begin, end = self.rows(p, state.rank)
+            if end == begin:
+                continue
+            holding = _plain_rows(state.variables[p], begin, end)
+            if p in state.piece_variables:
+                state.piece_variables[p] = holding
+            self.holdings[p] = holding
+            built_for[p] = holding
+        return built_for
+
+    def take_over(self) -> None:
+        """Swaps each sharded model variable's storage for this rank's rows
+        (the holding's `tf.Variable`, or one with no rows) and gives it the
+        class that reads it whole."""
+        state = self.state
+        for p in self.sharded:
+            variable = state.variables[p]
+            if p in self.holdings:
+                storage = compat.variable_storage(self.holdings[p])
+            else:
+                with tf.init_scope():
+                    shape = [0] + [int(d) for d in variable.shape[1:]]
+                    storage = tf.Variable(tf.zeros(shape, variable.dtype), trainable=True,
+                                          name=str(variable.name).split(":")[0])
+            compat.replace_variable_storage(variable, storage)
+            variable.__class__ = compat.with_mixin(ShardedParameterMixin, type(variable))
+            variable._hvdkeras_parameters = self
+
+    # -- reading whole ----------------------------------------------------
+
+    def whole(self, variable: Any) -> tf.Tensor:
+        """The whole value of model variable `variable` (a collective unless
+        inside `gathered_weights`)."""
+        p = self.state.position(variable)
+        if self.whole_values is not None:
+            return tf.constant(self.whole_values[p])
+        if tf.executing_eagerly():
+            return self._gather([p])[p]
+        graph = tf.compat.v1.get_default_graph()
+        cache = self._graphs.get(graph)
+        if cache is None:
+            cache = self._gather(self.sharded)
+            self._graphs[graph] = cache
+        return cache[p]
+
+    def _gather(self, positions: Sequence[int]) -> Dict[int, tf.Tensor]:
+        """Whole values of `positions` (one allgather per dtype); their
+        gradient is the reduce-scatter to the holders."""
+        state = self.state
+        storage = [compat.variable_storage(state.variables[p]) for p in positions]
+        shapes = [tuple(int(d) for d in state.variables[p].shape) for p in positions]
+        set_id = process_sets.view(state.process_set).set_id
+        suffix = f"_{positions[0]}" if tf.executing_eagerly() and len(positions) == 1 else ""
+
+        @tf.custom_gradient
+        def gather(*held):
+            groups = by_dtype(list(range(len(held))), lambda k: held[k].dtype)
+            gathered: List[Any] = [None] * len(held)
+            for number, members in enumerate(groups.values()):
+                with fixed_collective_names():
+                    outputs = kernels.allgather([_as_rows(held[k]) for k in members],
+                                                f"{state.name}_params{suffix}_{number}", set_id)
+                for k, value in zip(members, outputs):
+                    gathered[k] = tf.reshape(value, shapes[k])
+
+            def grad(*upstream):
+                return self._reduce_to_holders(positions, upstream, held, suffix)
+
+            return gathered, grad
+
+        return dict(zip(positions, gather(*[tf.convert_to_tensor(s) for s in storage])))
+
+    def _reduce_to_holders(self, positions: Sequence[int], upstream: Sequence[Any],
+                           held: Sequence[tf.Tensor], suffix: str) -> List[tf.Tensor]:
+        """The gradient of each holding: its rows of the whole gradients,
+        summed (or averaged) across ranks; no rows where it holds none."""
+        state = self.state
+        wire_op, prescale, postscale, compress, decompress = self.reduction
+        dense, contexts = {}, {}
+        for p, dy, h in zip(positions, upstream, held):
+            if dy is None:
+                dy = tf.zeros(state.variables[p].shape, h.dtype)
+            compressed, contexts[p] = compress(_as_rows(tf.convert_to_tensor(dy)))
+            dense[p] = compressed
+        units, owner_of = state.units(dense)
+        with fixed_collective_names():
+            mine = reduce_scatter_to_owners(
+                units, owner_of, state.rank, state.world_size,
+                f"{state.name}_param_grads{suffix}", wire_op, prescale, postscale,
+                state.process_set)
+        grads = []
+        for p, h in zip(positions, held):
+            key = (p, -1) if state.owners[p] == state.rank else (p, state.rank)
+            if key in mine:
+                grads.append(tf.reshape(decompress(mine[key], contexts[p]), tf.shape(h)))
+            else:
+                grads.append(tf.zeros_like(h))
+        return grads
+
+    @contextlib.contextmanager
+    def gathered_weights(self) -> Iterator[None]:
+        """Every sharded weight's whole value on every rank for the block, so
+        reads there (a rank-0 save) make no collectives, and a whole value
+        assigned there (a rank-0 load) is what later reads in the block see.
+        Collective: every rank enters it, eagerly."""
+        if self.whole_values is not None:
+            yield
+            return
+        values = self._gather(self.sharded) if self.sharded else {}
+        self.whole_values = {p: v.numpy() for p, v in values.items()}
+        try:
+            yield
+        finally:
+            self.whole_values = None
+
+    def assign_rows(self, variable: Any, value: Any) -> None:
+        """Keeps this rank's rows of a whole `value` assigned to `variable`."""
+        p = self.state.position(variable)
+        begin, end = self.rows(p, self.state.rank)
+        value = tf.cast(_as_rows(tf.convert_to_tensor(value)), variable.dtype)
+        if self.whole_values is not None:  # later reads in the block see it whole
+            self.whole_values[p] = np.reshape(value.numpy(), self.whole_values[p].shape)
+        storage = compat.variable_storage(variable)
+        storage.assign(tf.reshape(value[begin:end], tf.shape(storage)))
+
+
+class ShardedParameterMixin:
+    """Placed in front of a model variable's class at stage 3: reads are
+    whole, writes keep this rank's rows (Note [sharded parameters])."""
+
+    _hvdkeras_parameters: ShardedParameters
+
+    @property
+    def value(self):
+        mapped = compat.stateless_value(self)
+        if mapped is not None:
+            return compat.autocast_value(self, mapped)
+        return compat.autocast_value(self, self._hvdkeras_parameters.whole(self))
+
+    @property
+    def handle(self):
+        # The tape and tf.Variable APIs reach the rows this rank holds.
+        return compat.variable_storage(self).handle
+
+    def _direct_assign(self, value):
+        self._hvdkeras_parameters.assign_rows(self, value)
+
+
+def _rows(variable: Any) -> int:
+    return int(variable.shape[0]) if len(variable.shape) else 1
+
+
+def _as_rows(tensor: tf.Tensor) -> tf.Tensor:
+    """A scalar as one row; other tensors as they are."""
+    return tf.reshape(tensor, [1]) if tensor.shape.rank == 0 else tensor
+
+
+def _plain_rows(variable: Any, begin: int, end: int) -> keras.Variable:
+    """A plain Keras variable holding rows [begin, end) of `variable` (all of
+    a scalar), under its name and path. Trainable, so that a tape watches
+    its reads (it becomes the model variable's storage)."""
+    with tf.init_scope():
+        whole = tf.convert_to_tensor(compat.variable_storage(variable))
+        rows = whole if whole.shape.rank == 0 else whole[begin:end]
+        holding = keras.Variable(rows, dtype=variable.dtype, trainable=True,
+                                 name=str(variable.name).split(":")[0])
+    compat.set_variable_path(holding, getattr(variable, "path", holding.path))
+    if getattr(variable, "overwrite_with_gradient", False):
+        holding.overwrite_with_gradient = True
+    return holding
+
+
+def parameters_of(model_or_optimizer: Any) -> Optional[ShardedParameters]:
+    """The stage-3 parameters behind a model or optimizer, or None."""
+    optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
+    holder = shard_holder(optimizer) if optimizer is not None else None
+    return getattr(holder, "_hvdkeras_parameters", None) if holder is not None else None
