@@ -600,13 +600,13 @@ def test_launch_ranks_starts_the_ranks_with_the_engine_variables(tmp_path):
     assert (tmp_path / "1").read_text() == "3.0 2"
 
 
-def test_zero_stage_defaults_to_0_and_takes_0_to_2():
+def test_zero_stage_defaults_to_0_and_takes_0_to_3():
     recipe, _ = _validate(GOOD)
     assert recipe["training"]["zero_stage"] == 0
-    recipe, _ = _validate(GOOD, ["training.zero_stage=2"])
-    assert recipe["training"]["zero_stage"] == 2
-    _, issues = _validate(GOOD, ["training.zero_stage=3"])
-    assert any("training.zero_stage: 3 is out of range" in str(i) for i in issues), issues
+    recipe, _ = _validate(GOOD, ["training.zero_stage=3"])
+    assert recipe["training"]["zero_stage"] == 3
+    _, issues = _validate(GOOD, ["training.zero_stage=4"])
+    assert any("training.zero_stage: 4 is out of range" in str(i) for i in issues), issues
 
 
 def test_backend_sets_keras_backend_for_every_rank(tmp_path, capsys, no_launch):

@@ -5,7 +5,8 @@ import itertools
 
 import pytest
 
-from hvdkeras.sharding.plan import REPLICATED, by_dtype, plan_blocks, plan_owners, shard_bytes
+from hvdkeras.sharding.plan import (REPLICATED, by_dtype, plan_blocks, plan_gather_groups,
+                                    plan_owners, shard_bytes)
 
 
 def test_largest_first_on_the_least_loaded_rank():
@@ -58,3 +59,13 @@ def test_by_dtype_keeps_first_appearance_order():
         "float32": [0, 2], "float16": [1, 4], "int32": [3]}
     assert list(by_dtype([4, 3], dtypes.__getitem__)) == ["float16", "int32"]
     assert by_dtype([], dtypes.__getitem__) == {}
+
+
+def test_gather_groups_are_consecutive_runs_of_about_the_limit():
+    sizes = {0: 5, 1: 5, 2: 20, 3: 5, 5: 3, 6: 3}
+    assert plan_gather_groups([0, 1, 2, 3], sizes, 10) == [[0, 1], [2], [3]]
+    groups = plan_gather_groups([0, 1, 2, 3, 5, 6], sizes, 10)
+    assert list(itertools.chain(*groups)) == [0, 1, 2, 3, 5, 6]  # every position once, in order
+    assert all(sum(sizes[p] for p in g) <= 10 or len(g) == 1 for g in groups)
+    assert plan_gather_groups([], sizes, 10) == []
+    assert plan_gather_groups([2], sizes, 10) == [[2]]

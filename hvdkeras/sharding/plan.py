@@ -140,3 +140,37 @@ def by_dtype(positions: Sequence[int], dtype_of: Callable[[int], Any]) -> Dict[A
     for p in positions:
         groups.setdefault(dtype_of(p), []).append(p)
     return groups
+
+
+GATHER_GROUP_BYTES = 32 << 20
+"""About how many bytes of whole weights ZeRO stage 3 gathers at once (Note
+[sharded parameters] in `tf_parameters`): each group's gradients are
+reduce-scattered as soon as the backward pass has made them."""
+
+
+def plan_gather_groups(positions: Sequence[int], sizes: Mapping[int, int],
+                       limit: int = GATHER_GROUP_BYTES) -> List[List[int]]:
+    """Consecutive runs of `positions` of about `limit` bytes each.
+
+    A run closes once it holds `limit` bytes or before a variable that would
+    take it past `limit`, so a variable larger than `limit` is a group of
+    its own.
+
+    Example: `plan_gather_groups([0, 1, 2, 3], {0: 5, 1: 5, 2: 20, 3: 5}, 10)
+    == [[0, 1], [2], [3]]`.
+    """
+    groups: List[List[int]] = []
+    current: List[int] = []
+    total = 0
+    for p in positions:
+        if current and total + sizes[p] > limit:
+            groups.append(current)
+            current, total = [], 0
+        current.append(p)
+        total += sizes[p]
+        if total >= limit:
+            groups.append(current)
+            current, total = [], 0
+    if current:
+        groups.append(current)
+    return groups

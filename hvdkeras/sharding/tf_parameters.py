@@ -13,12 +13,12 @@ its piece's rows on a rank holding a piece, no rows elsewhere. The
 optimizer is built on plain Keras variables that share that storage (its
 "holdings"), so its slots and checkpoints are stage 2's. The model variable
 itself is given a class whose `value` is the whole weight: inside a traced
-function, the first read gathers every sharded weight at once (one
-allgather per dtype, each rank contributing its rows, which are in rank
-order) and later reads in the same graph reuse the result; eagerly, a read
-gathers that variable alone, unless `gathered_weights` holds every value
-for a block. The gather's gradient is stage 2's reduce-scatter of the
-whole-variable gradients to their holders (`reduce_scatter_to_owners`: the
+function, the first read of a variable gathers its group (consecutive
+variables of about `GATHER_GROUP_BYTES`; one allgather per dtype, each rank
+contributing its rows, which are in rank order) and later reads in the same
+graph reuse the result; eagerly, a read gathers that variable alone, unless
+`gathered_weights` holds every value for a block. The gather's gradient is
+stage 2's reduce-scatter of the whole-variable gradients to their holders (`reduce_scatter_to_owners`: the
 same units, blocks and summation order, so stage 3 gives stage 2's and
 stage 0's weights bit for bit on one host), which is what the tape returns
 for the holding. Assigning a whole value keeps this rank's rows. So a
@@ -26,7 +26,10 @@ read anywhere outside `gathered_weights` is a collective: every rank must
 make the same reads in the same order, as with any hvdkeras collective.
 The step's graph differs per rank (each updates its own rows), so these
 collectives carry fixed names (Note [collective names]): one gather and one
-reduce-scatter per graph.
+reduce-scatter per group and graph, named after the group's first variable.
+Each group's gradient is its own reduce-scatter, which runs as soon as the
+backward pass has made that group's gradients, while it goes on with the
+layers below.
 
 What may import this module: `hvdkeras.sharding` and `hvdkeras.training`.
 """
@@ -46,9 +49,9 @@ from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import fixed_collective_names
 from hvdkeras.engine import process_sets
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
-from hvdkeras.sharding.plan import REPLICATED, by_dtype
+from hvdkeras.sharding.plan import REPLICATED, by_dtype, plan_gather_groups
 from hvdkeras.sharding.sharded_optimizer import shard_holder
-from hvdkeras.sharding.state import ShardState
+from hvdkeras.sharding.state import ShardState, variable_bytes
 
 # (op on the wire, prescale, postscale, compress, decompress) of the gradient step.
 Reduction = Tuple[int, float, float, Callable, Callable]
@@ -69,6 +72,7 @@ class ShardedParameters:
         self.reduction = reduction
         self.holdings: Dict[int, keras.Variable] = {}
         self.sharded: List[int] = []
+        self.group_of: Dict[int, List[int]] = {}
         self.whole_values: Optional[Dict[int, np.ndarray]] = None
         self._graphs: "weakref.WeakKeyDictionary[Any, Dict[int, tf.Tensor]]" = (
             weakref.WeakKeyDictionary())
@@ -92,6 +96,9 @@ class ShardedParameters:
         built_for = list(built_for)
         self.sharded = [p for p in range(len(state.variables))
                         if state.owners[p] != REPLICATED]
+        groups = plan_gather_groups(self.sharded, {p: variable_bytes(state.variables[p])
+                                                   for p in self.sharded})
+        self.group_of = {p: group for group in groups for p in group}
         for p in self.sharded:
             begin, end = self.rows(p, state.rank)
             if end == begin:
@@ -132,10 +139,9 @@ class ShardedParameters:
         if tf.executing_eagerly():
             return self._gather([p])[p]
         graph = tf.compat.v1.get_default_graph()
-        cache = self._graphs.get(graph)
-        if cache is None:
-            cache = self._gather(self.sharded)
-            self._graphs[graph] = cache
+        cache = self._graphs.setdefault(graph, {})
+        if p not in cache:
+            cache.update(self._gather(self.group_of[p]))
         return cache[p]
 
     def _gather(self, positions: Sequence[int]) -> Dict[int, tf.Tensor]:
@@ -145,7 +151,8 @@ class ShardedParameters:
         storage = [compat.variable_storage(state.variables[p]) for p in positions]
         shapes = [tuple(int(d) for d in state.variables[p].shape) for p in positions]
         set_id = process_sets.view(state.process_set).set_id
-        suffix = f"_{positions[0]}" if tf.executing_eagerly() and len(positions) == 1 else ""
+        # Unique within a step: a group is named by its first position.
+        suffix = f"_{positions[0]}"
 
         @tf.custom_gradient
         def gather(*held):
@@ -201,7 +208,9 @@ class ShardedParameters:
         if self.whole_values is not None:
             yield
             return
-        values = self._gather(self.sharded) if self.sharded else {}
+        values = {}
+        for group in dict.fromkeys(map(tuple, self.group_of.values())):
+            values.update(self._gather(list(group)))
         self.whole_values = {p: v.numpy() for p, v in values.items()}
         try:
             yield
