@@ -243,6 +243,13 @@ def load_sharded(holder: Any, variables: List[Any], store: Any) -> bool:
     return True
 
 
+def is_sharded_parameter(variable: Any) -> bool:
+    """Whether `variable` is a model weight sharded at `zero_stage=3`: it is
+    the same on every rank by construction (one copy of each row, taken from
+    rank 0 when sharded), so broadcasts leave it out."""
+    return getattr(variable, "_hvdkeras_parameters", None) is not None
+
+
 def shard_holder(optimizer: Any) -> Optional[Any]:
     """The sharded optimizer inside `optimizer` (itself or a loss-scale
     optimizer's inner one), or None."""

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from typing import AbstractSet, Dict, List, NamedTuple, Sequence, Tuple
 
-from hvdkeras.sharding.plan import REPLICATED, SPLIT, plan_owners, shard_bytes
+from hvdkeras.sharding.plan import (GATHER_GROUP_BYTES, REPLICATED, SPLIT, plan_gather_groups,
+                                   plan_owners, shard_bytes)
 
 TOLERANCE = 0.02
 """How far above total/N the fullest rank may be before variables are cut."""
@@ -144,3 +145,36 @@ def plan_split(sizes: Sequence[int], rows: Sequence[int], world_size: int,
     if split_load >= max(shard_bytes(sizes, whole, world_size)):
         return whole, {}
     return owners, pieces
+
+
+def plan_in_groups(sizes: Sequence[int], rows: Sequence[int], world_size: int,
+                   replicated: AbstractSet[int] = frozenset(),
+                   cuttable: AbstractSet[int] = frozenset(),
+                   group_bytes: int = GATHER_GROUP_BYTES
+                   ) -> Tuple[List[int], Dict[int, List[Piece]], List[List[int]]]:
+    """`plan_split` within each gather group of ZeRO stage 3 (Note [sharded
+    parameters] in `tf_parameters`): consecutive variables of about
+    `group_bytes`, each group shared out as evenly as its own plan allows,
+    so that every group's gather and reduce-scatter moves about 1/N of it
+    per rank (and the ranks' totals balance as each group's do).
+
+    Returns:
+        `(owners, pieces, groups)`: as `plan_split`'s, plus the groups
+        (lists of positions; replicated positions are in none).
+
+    Example: `plan_in_groups([400, 40], [10, 10], 2, cuttable={0, 1}, group_bytes=300)`
+    makes groups `[[0], [1]]` and cuts both variables in halves.
+    """
+    owners = [REPLICATED] * len(sizes)
+    pieces: Dict[int, List[Piece]] = {}
+    order = [p for p in range(len(sizes)) if p not in replicated]
+    groups = plan_gather_groups(order, {p: sizes[p] for p in order}, group_bytes)
+    for group in groups:
+        group_owners, group_pieces = plan_split(
+            [sizes[p] for p in group], [rows[p] for p in group], world_size,
+            cuttable={k for k, p in enumerate(group) if p in cuttable}, min_excess_bytes=0)
+        for k, p in enumerate(group):
+            owners[p] = group_owners[k]
+            if k in group_pieces:
+                pieces[p] = group_pieces[k]
+    return owners, pieces, groups

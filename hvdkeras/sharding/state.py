@@ -42,7 +42,7 @@ import numpy as np
 
 from hvdkeras import compat
 from hvdkeras.sharding.plan import REPLICATED, SPLIT
-from hvdkeras.sharding.split_plan import Piece, plan_split
+from hvdkeras.sharding.split_plan import Piece, plan_in_groups, plan_split
 
 SHARED = -2
 """The layout entry of an optimizer variable that belongs to no one variable."""
@@ -139,7 +139,7 @@ class ShardState:
         world_size: The process set's size.
         name: Prefix of the shard's collective names.
         process_set: The ranks that share the state.
-        stage: 1 or 2 (see `hvdkeras.DistributedOptimizer`).
+        stage: 1, 2 or 3 (see `hvdkeras.DistributedOptimizer`).
         can_split: Whether this backend's step can move pieces of variables
             (Note [split variables] in `split_plan`).
     """
@@ -162,6 +162,8 @@ class ShardState:
         self.positions: Dict[int, int] = {}
         self.built_for: List[Any] = []
         self.layout: List[int] = []
+        # Stage 3's gather groups (`split_plan.plan_in_groups`).
+        self.groups: List[List[int]] = []
         # On the root rank only, between a collective step and the file
         # access it serves: values of slots other ranks own, by index.
         self.gathered: Optional[Dict[int, np.ndarray]] = None
@@ -180,11 +182,19 @@ class ShardState:
         replicated = {i for i, v in enumerate(self.variables) if id(v) in self.replicated_ids}
         cuttable = (set(range(len(self.variables))) - replicated
                     if elementwise and self.can_split else set())
-        self.owners, self.pieces = plan_split(
-            [variable_bytes(v) for v in self.variables],
-            [variable_rows(v) for v in self.variables], self.world_size, replicated, cuttable)
-        self.piece_variables = {p: make_piece(self.variables[p], self.piece_of(p, self.rank))
-                                for p in self.pieces if self.piece_of(p, self.rank)}
+        sizes = [variable_bytes(v) for v in self.variables]
+        rows = [variable_rows(v) for v in self.variables]
+        if self.stage == 3:  # each gather group shared out on its own
+            self.owners, self.pieces, self.groups = plan_in_groups(
+                sizes, rows, self.world_size, replicated, cuttable)
+        else:
+            self.owners, self.pieces = plan_split(sizes, rows, self.world_size, replicated,
+                                                  cuttable)
+        # At stage 3 the pieces are the weights' storage, made by the backend
+        # from rank 0's values (Note [sharded parameters]).
+        self.piece_variables = {} if self.stage == 3 else {
+            p: make_piece(self.variables[p], self.piece_of(p, self.rank))
+            for p in self.pieces if self.piece_of(p, self.rank)}
         self.built_for = [self.piece_variables[i] if i in self.piece_variables
                           else v if self.keeps(i) else make_stand_in(v)
                           for i, v in enumerate(self.variables)]

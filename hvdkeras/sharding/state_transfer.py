@@ -132,15 +132,29 @@ def scatter_from_root(optimizer: Any) -> None:
     state.collecting = False
 
 
+def _parameters(model_or_optimizer: Any) -> Any:
+    """The weights sharded at `zero_stage=3` behind a model or optimizer, or None."""
+    optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
+    holder = shard_holder(optimizer)
+    if holder is None or not holder.built:
+        return None
+    return getattr(holder, "_hvdkeras_parameters", None)
+
+
 def whole_weights(model_or_optimizer: Any) -> ContextManager[None]:
     """A block in which every rank holds the model's weights whole (at
     `zero_stage=3`; elsewhere a block that does nothing). Collective."""
-    optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
-    holder = shard_holder(optimizer)
-    parameters = getattr(holder, "_hvdkeras_parameters", None) if holder is not None else None
-    if parameters is None or not holder.built:
-        return contextlib.nullcontext()
-    return parameters.gathered_weights()
+    parameters = _parameters(model_or_optimizer)
+    return contextlib.nullcontext() if parameters is None else parameters.gathered_weights()
+
+
+def share_weights_from(model_or_optimizer: Any, root: int) -> None:
+    """Inside `whole_weights`: every rank keeps its rows of `root`'s whole
+    weights (after a load on `root` alone). Does nothing below stage 3,
+    where `broadcast_model` moves the weights. Collective."""
+    parameters = _parameters(model_or_optimizer)
+    if parameters is not None:
+        parameters.share_whole_from(root)
 
 
 @contextlib.contextmanager

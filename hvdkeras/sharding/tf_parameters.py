@@ -47,11 +47,13 @@ import tensorflow as tf
 from hvdkeras import compat
 from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import fixed_collective_names
+from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine import process_sets
+from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
-from hvdkeras.sharding.plan import REPLICATED, by_dtype, plan_gather_groups
+from hvdkeras.sharding.plan import REPLICATED, by_dtype
 from hvdkeras.sharding.sharded_optimizer import shard_holder
-from hvdkeras.sharding.state import ShardState, variable_bytes
+from hvdkeras.sharding.state import ShardState
 
 # (op on the wire, prescale, postscale, compress, decompress) of the gradient step.
 Reduction = Tuple[int, float, float, Callable, Callable]
@@ -89,25 +91,34 @@ class ShardedParameters:
         return (piece.begin, piece.end) if piece is not None else (0, 0)
 
     def make_holdings(self, built_for: List[Any]) -> List[Any]:
-        """Plain variables for the rows this rank holds, set from the model's
-        current values; returns `built_for` with them in place of the model
-        variables and the (empty) piece variables."""
+        """Plain variables for the rows this rank holds, set from rank 0's
+        current values (so the weights start as rank 0's, as after the
+        usual broadcast); returns `built_for` with them in place of the
+        model variables and the (empty) piece variables. Collective."""
         state = self.state
         built_for = list(built_for)
         self.sharded = [p for p in range(len(state.variables))
                         if state.owners[p] != REPLICATED]
-        groups = plan_gather_groups(self.sharded, {p: variable_bytes(state.variables[p])
-                                                   for p in self.sharded})
+        groups = state.groups
         self.group_of = {p: group for group in groups for p in group}
-        for p in self.sharded:
-            begin, end = self.rows(p, state.rank)
-            if end == begin:
-                continue
-            holding = _plain_rows(state.variables[p], begin, end)
-            if p in state.piece_variables:
-                state.piece_variables[p] = holding
-            self.holdings[p] = holding
-            built_for[p] = holding
+        set_id = process_sets.view(state.process_set).set_id
+        for number, group in enumerate(groups):
+            with tf.init_scope():  # eagerly, also when built inside a traced step
+                values = [tf.convert_to_tensor(compat.variable_storage(state.variables[p]))
+                          for p in group]
+                if state.world_size > 1:  # one group at a time: bounded memory
+                    values = kernels.broadcast(values, 0, f"{state.name}_take_over_{number}",
+                                               set_id)
+            for p, value in zip(group, values):
+                begin, end = self.rows(p, state.rank)
+                if end == begin:
+                    continue
+                holding = _plain_rows(state.variables[p], value, begin, end)
+                if p in state.pieces:
+                    state.piece_variables[p] = holding
+                self.holdings[p] = holding
+                built_for[p] = holding
+        state.built_for = built_for
         return built_for
 
     def take_over(self) -> None:
@@ -159,9 +170,14 @@ class ShardedParameters:
             groups = by_dtype(list(range(len(held))), lambda k: held[k].dtype)
             gathered: List[Any] = [None] * len(held)
             for number, members in enumerate(groups.values()):
+                name = f"{state.name}_params{suffix}_{number}"
                 with fixed_collective_names():
-                    outputs = kernels.allgather([_as_rows(held[k]) for k in members],
-                                                f"{state.name}_params{suffix}_{number}", set_id)
+                    if kernels.in_xla():
+                        outputs = self._sum_of_rows([positions[k] for k in members],
+                                                    [held[k] for k in members], name)
+                    else:
+                        outputs = kernels.allgather([_as_rows(held[k]) for k in members], name,
+                                                    set_id)
                 for k, value in zip(members, outputs):
                     gathered[k] = tf.reshape(value, shapes[k])
 
@@ -171,6 +187,19 @@ class ShardedParameters:
             return gathered, grad
 
         return dict(zip(positions, gather(*[tf.convert_to_tensor(s) for s in storage])))
+
+    def _sum_of_rows(self, positions: Sequence[int], held: Sequence[tf.Tensor],
+                     name: str) -> List[tf.Tensor]:
+        """Whole values under XLA, which has no compiled allgather (Note [xla
+        collectives]): each rank's rows placed in zeros and summed across
+        ranks (one allreduce; the same values, at about twice the bytes)."""
+        padded = []
+        for p, h in zip(positions, held):
+            begin, end = self.rows(p, self.state.rank)
+            total = _rows(self.state.variables[p])
+            rows = _as_rows(h)
+            padded.append(tf.pad(rows, [[begin, total - end]] + [[0, 0]] * (rows.shape.rank - 1)))
+        return grouped_allreduce(padded, name=name, op=Sum, process_set=self.state.process_set)
 
     def _reduce_to_holders(self, positions: Sequence[int], upstream: Sequence[Any],
                            held: Sequence[tf.Tensor], suffix: str) -> List[tf.Tensor]:
@@ -185,11 +214,21 @@ class ShardedParameters:
             compressed, contexts[p] = compress(_as_rows(tf.convert_to_tensor(dy)))
             dense[p] = compressed
         units, owner_of = state.units(dense)
+        name = f"{state.name}_param_grads{suffix}"
         with fixed_collective_names():
-            mine = reduce_scatter_to_owners(
-                units, owner_of, state.rank, state.world_size,
-                f"{state.name}_param_grads{suffix}", wire_op, prescale, postscale,
-                state.process_set)
+            if _balanced(units, owner_of, state.world_size):
+                mine = reduce_scatter_to_owners(units, owner_of, state.rank, state.world_size,
+                                                name, wire_op, prescale, postscale,
+                                                state.process_set)
+            else:
+                # Whole variables a group's plan could not balance (an
+                # optimizer that needs them whole): a reduce-scatter would
+                # pad every rank's block to the fullest one's.
+                keys = sorted(units)
+                summed = grouped_allreduce([units[k] for k in keys], name=name, op=wire_op,
+                                           prescale_factor=prescale, postscale_factor=postscale,
+                                           process_set=state.process_set)
+                mine = {k: v for k, v in zip(keys, summed) if owner_of[k] == state.rank}
         grads = []
         for p, h in zip(positions, held):
             key = (p, -1) if state.owners[p] == state.rank else (p, state.rank)
@@ -216,6 +255,16 @@ class ShardedParameters:
             yield
         finally:
             self.whole_values = None
+
+    def share_whole_from(self, root: int) -> None:
+        """Inside `gathered_weights`: every rank takes `root`'s whole values
+        (as a rank-0 load left them) and keeps its rows. Collective, eager."""
+        set_id = process_sets.view(self.state.process_set).set_id
+        for number, group in enumerate(self.state.groups):
+            values = kernels.broadcast([tf.constant(self.whole_values[p]) for p in group], root,
+                                       f"{self.state.name}_from_root_{number}", set_id)
+            for p, value in zip(group, values):
+                self.assign_rows(self.state.variables[p], value)
 
     def assign_rows(self, variable: Any, value: Any) -> None:
         """Keeps this rank's rows of a whole `value` assigned to `variable`."""
@@ -250,6 +299,15 @@ class ShardedParameterMixin:
         self._hvdkeras_parameters.assign_rows(self, value)
 
 
+def _balanced(units: Dict[Any, tf.Tensor], owner_of: Dict[Any, int], world_size: int) -> bool:
+    """Whether a reduce-scatter of `units` to their owners pads the ranks'
+    blocks by less than half of what it moves."""
+    held = [0] * world_size
+    for key, value in units.items():
+        held[owner_of[key]] += value.shape.num_elements()
+    return max(held) * world_size <= 1.5 * sum(held)
+
+
 def _rows(variable: Any) -> int:
     return int(variable.shape[0]) if len(variable.shape) else 1
 
@@ -259,13 +317,14 @@ def _as_rows(tensor: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tensor, [1]) if tensor.shape.rank == 0 else tensor
 
 
-def _plain_rows(variable: Any, begin: int, end: int) -> keras.Variable:
-    """A plain Keras variable holding rows [begin, end) of `variable` (all of
-    a scalar), under its name and path. Trainable, so that a tape watches
-    its reads (it becomes the model variable's storage)."""
+def _plain_rows(variable: Any, whole: tf.Tensor, begin: int, end: int) -> keras.Variable:
+    """A plain Keras variable holding rows [begin, end) of `whole` (all of a
+    scalar), under `variable`'s name and path. Trainable, so that a tape
+    watches its reads (it becomes the model variable's storage)."""
     with tf.init_scope():
-        whole = tf.convert_to_tensor(compat.variable_storage(variable))
-        rows = whole if whole.shape.rank == 0 else whole[begin:end]
+        # A copy of its own: a slice can share the whole tensor's buffer, and
+        # a variable made from it would keep all of that memory alive.
+        rows = tf.raw_ops.DeepCopy(x=whole if whole.shape.rank == 0 else whole[begin:end])
         holding = keras.Variable(rows, dtype=variable.dtype, trainable=True,
                                  name=str(variable.name).split(":")[0])
     compat.set_variable_path(holding, getattr(variable, "path", holding.path))

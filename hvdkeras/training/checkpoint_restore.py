@@ -19,7 +19,8 @@ from hvdkeras.training.checkpoint_naming import (RESUME_ENTRY, newest_first,
                                                  parse_checkpoint_position)
 from hvdkeras.training.model_sync import broadcast_model, build_optimizer
 from hvdkeras.sharding.sharded_optimizer import shard_holder
-from hvdkeras.sharding.state_transfer import scatter_from_root, whole_weights
+from hvdkeras.sharding.state_transfer import (scatter_from_root, share_weights_from,
+                                              whole_weights)
 from hvdkeras.training.resume_state import apply_random_states
 
 
@@ -182,4 +183,5 @@ def _load_on_root(model: Any, directory: str, root_rank: int, holder: Any):
             raise RuntimeError(f"{message} Cause: {failure}") from failure
         raise RuntimeError(message)
     broadcast_model(model, root_rank=root_rank)
+    share_weights_from(model, root_rank)  # zero_stage=3's sharded weights
     return position, path, status

@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Sequence
 
 from hvdkeras.backends import variables as any_backend
 from hvdkeras.engine import frameworks
-from hvdkeras.sharding.sharded_optimizer import everywhere_variables
+from hvdkeras.sharding.sharded_optimizer import everywhere_variables, is_sharded_parameter
 
 
 def _model_label(model: Any) -> str:
@@ -61,8 +61,9 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
 
     Covers the model's weights (trainable and not, plus random-seed state)
     and every optimizer variable: iteration count, learning rate, slots, and
-    a loss-scale optimizer's scale. A sharded optimizer (`zero_stage` 1 or
-    2) keeps its slots where they are: each rank owns its own. The optimizer is built first if needed,
+    a loss-scale optimizer's scale. A sharded optimizer (`zero_stage` 1 to
+    3) keeps its slots where they are: each rank owns its own; weights
+    sharded at stage 3 are one copy already, taken from rank 0. The optimizer is built first if needed,
     so its slots exist and are synchronised too. All values travel in one
     fused broadcast. Call it on every rank.
 
@@ -87,7 +88,7 @@ def broadcast_model(model: Any, root_rank: int = 0, optimizer: Optional[Any] = N
     if optimizer is not None:
         variables += everywhere_variables(optimizer)
     kept = {id(v) for v in exclude}
-    chosen = [v for v in _unique(variables) if id(v) not in kept]
+    chosen = [v for v in _unique(variables) if id(v) not in kept and not is_sharded_parameter(v)]
     if frameworks.keras_backend() == frameworks.TENSORFLOW:
         from hvdkeras.collectives.broadcasting import broadcast_variables  # lazy: TF's own
 
