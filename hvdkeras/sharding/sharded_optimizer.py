@@ -1,5 +1,6 @@
 """The sharded optimizer: a Keras optimizer that keeps state for its own
-variables only (ZeRO stages 1 and 2), updates them and shares the results.
+variables only (ZeRO stages 1 to 3), updates them and shares the results
+(at stage 3 the weights stay sharded instead: `tf_parameters`).
 
 The class is placed in front of the optimizer that holds the slots (the
 user's optimizer, or a LossScaleOptimizer's inner one) by

@@ -19,6 +19,14 @@ from hvdkeras.sharding.sharded_optimizer import ShardedOptimizerMixin
 from hvdkeras.sharding.tf_parameters import ShardedParameters
 
 
+BUILD_FIRST_MESSAGE = (
+    "zero_stage=3 shards the model's weights when the optimizer is built, which must happen "
+    "before the first training step is traced. Add "
+    "hvdkeras.callbacks.BroadcastGlobalVariablesCallback(0) to fit's callbacks (it builds "
+    "the optimizer when training begins), or call "
+    "model.optimizer.build(model.trainable_variables) after compile() (every rank).")
+
+
 class TFShardedMixin(ShardedOptimizerMixin):
     """The sharded optimizer under TensorFlow (at stage 3 with the model's
     weights sharded too: `tf_parameters`)."""
@@ -28,6 +36,11 @@ class TFShardedMixin(ShardedOptimizerMixin):
     def _hvdkeras_before_build(self, built_for: List[Any]) -> List[Any]:
         if self._hvdkeras_parameters is None:
             return built_for
+        if tf.inside_function():
+            # Keras builds an optimizer in the first traced step unless
+            # something built it before; by then that step has read the
+            # weights whole, and its graph would keep reading those copies.
+            raise ValueError(BUILD_FIRST_MESSAGE)
         return self._hvdkeras_parameters.make_holdings(built_for)
 
     def _hvdkeras_after_build(self) -> None:

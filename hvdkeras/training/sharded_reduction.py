@@ -18,12 +18,14 @@ from typing import AbstractSet, List, Sequence
 
 import tensorflow as tf
 
+from hvdkeras import compat
 from hvdkeras.collectives.kernels import in_xla
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Min
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
 from hvdkeras.sharding.plan import REPLICATED
+from hvdkeras.sharding.tf_sharded_optimizer import BUILD_FIRST_MESSAGE
 from hvdkeras.sharding.state import ShardState
 from hvdkeras.training.gradient_reduction import (ReductionSettings, plan_groups, positions_of,
                                                  reduce_gradients, scale_factors)
@@ -103,6 +105,10 @@ def held_gradients(gradients: Sequence, variables: Sequence, settings: Reduction
     held = []
     for i, (g, v) in enumerate(zip(gradients, variables)):
         p = state.position(v)
+        if g is not None and state.owners[p] != REPLICATED and g.shape == v.shape \
+                and tuple(g.shape) != tuple(compat.variable_storage(v).shape):
+            raise ValueError(f"The gradient of {v.path!r} is whole: it was computed before "
+                             f"zero_stage=3 sharded the weights. {BUILD_FIRST_MESSAGE}")
         if state.owners[p] != REPLICATED:
             result[i] = g if state.keeps(p) else None
         if result[i] is not None:

@@ -199,7 +199,9 @@ def test_local_variables_stay_local(stage):
 
 
 def test_what_cannot_be_sharded_here_is_named():
-    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1, 2 or 3"):
+        hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=4)
+    with pytest.raises(ValueError, match="zero_stage=3 .* TensorFlow backend only"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=3)
     with pytest.raises(ValueError, match="Adasum"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1, op=hvd.Adasum)

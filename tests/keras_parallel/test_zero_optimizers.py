@@ -221,8 +221,8 @@ def test_a_rank_that_owns_nothing(stage):
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
-        hvd.DistributedOptimizer(_make("Adam"), zero_stage=3)
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1, 2 or 3"):
+        hvd.DistributedOptimizer(_make("Adam"), zero_stage=4)
     with pytest.raises(ValueError, match="Adasum"):
         hvd.DistributedOptimizer(_make("Adam"), zero_stage=1, op=hvd.Adasum)
     adam, sgd = keras.optimizers.Adam(0.1), keras.optimizers.SGD(0.1)
