@@ -102,13 +102,11 @@ class ShardedParameters:
         groups = state.groups
         self.group_of = {p: group for group in groups for p in group}
         set_id = process_sets.view(state.process_set).set_id
-        for number, group in enumerate(groups):
-            with tf.init_scope():  # eagerly, also when built inside a traced step
-                values = [tf.convert_to_tensor(compat.variable_storage(state.variables[p]))
-                          for p in group]
-                if state.world_size > 1:  # one group at a time: bounded memory
-                    values = kernels.broadcast(values, 0, f"{state.name}_take_over_{number}",
-                                               set_id)
+        for number, group in enumerate(groups):  # eagerly: never inside a traced step
+            values = [tf.convert_to_tensor(compat.variable_storage(state.variables[p]))
+                      for p in group]
+            if state.world_size > 1:  # one group at a time: bounded memory
+                values = kernels.broadcast(values, 0, f"{state.name}_take_over_{number}", set_id)
             for p, value in zip(group, values):
                 begin, end = self.rows(p, state.rank)
                 if end == begin:
