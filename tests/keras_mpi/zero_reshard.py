@@ -2,7 +2,7 @@
 
 Run under mpiexec. `save DIR`: trains a small model with zero_stage=2 for
 two epochs, with checkpoints in DIR. `resume DIR STAGE OUT`: restores the
-newest checkpoint of DIR into a model whose optimizer has zero_stage=STAGE
+newest checkpoint of DIR into a model whose optimizer has zero_stage=STAGE (0 to 3)
 (on however many ranks this job has), checks that every slot now equals the
 file's value exactly (gathered through a normal save, read by plain Keras),
 trains one more epoch and writes rank 0's final weights to OUT (.npz).
@@ -68,8 +68,9 @@ def main() -> None:
         print(f"restored {len(original)} optimizer variables exactly on {hvd.size()} ranks",
               flush=True)
     fit(model, 3, 2, os.path.join(directory, f"after-{hvd.size()}-{stage}"))
+    weights = model.get_weights()  # every rank: at stage 3 reading the weights is a collective
     if hvd.rank() == 0:
-        np.savez(out, *model.get_weights())
+        np.savez(out, *weights)
 
 
 if __name__ == "__main__":
