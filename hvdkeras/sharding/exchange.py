@@ -8,7 +8,8 @@ after another, padded to the longest block. The weights travel as one fused
 broadcast per owner, whose outputs are the variables' own tensors (no flat
 buffer to cut up again). Under XLA (Note [xla collectives]) the reduce-scatter
 has no compiled form and XLA orders the custom calls itself: there the
-gradients are allreduced and each rank keeps its own, and the weights travel
+gradients are allreduced and each rank keeps its own (as they are wherever
+the blocks are too uneven for a reduce-scatter to pay), and the weights travel
 as one allreduce of values that are zero where another rank owns: the same
 values, at about twice the bytes.
 
@@ -42,6 +43,15 @@ def _unpack(flat: tf.Tensor, blocks: Blocks, rank: int, start: int,
     return out
 
 
+def pads_little(blocks: Blocks, world_size: int) -> bool:
+    """Whether a reduce-scatter of `blocks` pads the ranks' blocks by less
+    than half of what it moves. Otherwise (whole variables that could not
+    be balanced, as in one of stage 3's groups) an allreduce of which each
+    rank keeps its own moves fewer bytes: every block would be padded to
+    the fullest one's."""
+    return blocks.padded * world_size <= 1.5 * sum(blocks.lengths)
+
+
 def reduce_scatter_to_owners(gradients: Dict[Hashable, tf.Tensor], owners: Mapping[Hashable, int],
                              rank: int, world_size: int, name: str, op: int,
                              prescale: float, postscale: float,
@@ -71,7 +81,7 @@ def reduce_scatter_to_owners(gradients: Dict[Hashable, tf.Tensor], owners: Mappi
         blocks = plan_blocks(positions, {p: shapes[p].num_elements() for p in positions},
                              owners, world_size)
         group_name = name if number == 0 else f"{name}_{number}"
-        if kernels.in_xla():
+        if kernels.in_xla() or not pads_little(blocks, world_size):
             reduced = dict(zip(positions, grouped_allreduce(
                 [gradients[p] for p in positions], name=group_name, op=op,
                 prescale_factor=prescale, postscale_factor=postscale, process_set=process_set)))

@@ -69,17 +69,24 @@ def _outside_functions() -> ContextManager[Any]:
     return tf.init_scope()
 
 
+def answering_to(variable: Any, other: keras.Variable) -> keras.Variable:
+    """`other`, given `variable`'s path and its `overwrite_with_gradient`:
+    optimizers choose per variable by path (Muon: embeddings, excluded
+    layers), so what an optimizer is built on in `variable`'s place must
+    answer to it."""
+    compat.set_variable_path(other, getattr(variable, "path", other.path))
+    if getattr(variable, "overwrite_with_gradient", False):
+        other.overwrite_with_gradient = True
+    return other
+
+
 def make_stand_in(variable: Any) -> keras.Variable:
     """A one-element-per-axis variable that answers to `variable`'s path."""
     with _outside_functions():
         stand_in = keras.Variable(initializer="zeros", shape=(1,) * len(variable.shape),
                                   dtype=variable.dtype, trainable=False,
                                   name=str(variable.name).split(":")[0])
-    # Optimizers choose per variable by path (Muon: embeddings, excluded layers).
-    compat.set_variable_path(stand_in, getattr(variable, "path", stand_in.path))
-    if getattr(variable, "overwrite_with_gradient", False):
-        stand_in.overwrite_with_gradient = True
-    return stand_in
+    return answering_to(variable, stand_in)
 
 
 def make_piece(variable: Any, piece: Piece) -> keras.Variable:
@@ -91,10 +98,7 @@ def make_piece(variable: Any, piece: Piece) -> keras.Variable:
     with _outside_functions():
         part = keras.Variable(initializer="zeros", shape=shape, dtype=variable.dtype,
                               trainable=False, name=str(variable.name).split(":")[0])
-    compat.set_variable_path(part, getattr(variable, "path", part.path))
-    if getattr(variable, "overwrite_with_gradient", False):
-        part.overwrite_with_gradient = True
-    return part
+    return answering_to(variable, part)
 
 
 def variable_rows(variable: Any) -> int:

@@ -52,8 +52,7 @@ from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
 from hvdkeras.sharding.plan import REPLICATED, by_dtype
-from hvdkeras.sharding.sharded_optimizer import shard_holder
-from hvdkeras.sharding.state import ShardState
+from hvdkeras.sharding.state import ShardState, answering_to, variable_rows
 
 # (op on the wire, prescale, postscale, compress, decompress) of the gradient step.
 Reduction = Tuple[int, float, float, Callable, Callable]
@@ -84,7 +83,7 @@ class ShardedParameters:
     def rows(self, p: int, rank: int) -> Tuple[int, int]:
         """Rows [begin, end) of variable `p` that `rank` holds."""
         state = self.state
-        total = _rows(state.variables[p])
+        total = variable_rows(state.variables[p])
         if state.owners[p] == rank:
             return 0, total
         piece = state.piece_of(p, rank)
@@ -194,7 +193,7 @@ class ShardedParameters:
         padded = []
         for p, h in zip(positions, held):
             begin, end = self.rows(p, self.state.rank)
-            total = _rows(self.state.variables[p])
+            total = variable_rows(self.state.variables[p])
             rows = _as_rows(h)
             padded.append(tf.pad(rows, [[begin, total - end]] + [[0, 0]] * (rows.shape.rank - 1)))
         return grouped_allreduce(padded, name=name, op=Sum, process_set=self.state.process_set)
@@ -214,19 +213,8 @@ class ShardedParameters:
         units, owner_of = state.units(dense)
         name = f"{state.name}_param_grads{suffix}"
         with fixed_collective_names():
-            if _balanced(units, owner_of, state.world_size):
-                mine = reduce_scatter_to_owners(units, owner_of, state.rank, state.world_size,
-                                                name, wire_op, prescale, postscale,
-                                                state.process_set)
-            else:
-                # Whole variables a group's plan could not balance (an
-                # optimizer that needs them whole): a reduce-scatter would
-                # pad every rank's block to the fullest one's.
-                keys = sorted(units)
-                summed = grouped_allreduce([units[k] for k in keys], name=name, op=wire_op,
-                                           prescale_factor=prescale, postscale_factor=postscale,
-                                           process_set=state.process_set)
-                mine = {k: v for k, v in zip(keys, summed) if owner_of[k] == state.rank}
+            mine = reduce_scatter_to_owners(units, owner_of, state.rank, state.world_size, name,
+                                            wire_op, prescale, postscale, state.process_set)
         grads = []
         for p, h in zip(positions, held):
             key = (p, -1) if state.owners[p] == state.rank else (p, state.rank)
@@ -246,8 +234,8 @@ class ShardedParameters:
             yield
             return
         values = {}
-        for group in dict.fromkeys(map(tuple, self.group_of.values())):
-            values.update(self._gather(list(group)))
+        for group in self.state.groups:
+            values.update(self._gather(group))
         self.whole_values = {p: v.numpy() for p, v in values.items()}
         try:
             yield
@@ -297,19 +285,6 @@ class ShardedParameterMixin:
         self._hvdkeras_parameters.assign_rows(self, value)
 
 
-def _balanced(units: Dict[Any, tf.Tensor], owner_of: Dict[Any, int], world_size: int) -> bool:
-    """Whether a reduce-scatter of `units` to their owners pads the ranks'
-    blocks by less than half of what it moves."""
-    held = [0] * world_size
-    for key, value in units.items():
-        held[owner_of[key]] += value.shape.num_elements()
-    return max(held) * world_size <= 1.5 * sum(held)
-
-
-def _rows(variable: Any) -> int:
-    return int(variable.shape[0]) if len(variable.shape) else 1
-
-
 def _as_rows(tensor: tf.Tensor) -> tf.Tensor:
     """A scalar as one row; other tensors as they are."""
     return tf.reshape(tensor, [1]) if tensor.shape.rank == 0 else tensor
@@ -325,14 +300,5 @@ def _plain_rows(variable: Any, whole: tf.Tensor, begin: int, end: int) -> keras.
         rows = tf.raw_ops.DeepCopy(x=whole if whole.shape.rank == 0 else whole[begin:end])
         holding = keras.Variable(rows, dtype=variable.dtype, trainable=True,
                                  name=str(variable.name).split(":")[0])
-    compat.set_variable_path(holding, getattr(variable, "path", holding.path))
-    if getattr(variable, "overwrite_with_gradient", False):
-        holding.overwrite_with_gradient = True
-    return holding
+    return answering_to(variable, holding)
 
-
-def parameters_of(model_or_optimizer: Any) -> Optional[ShardedParameters]:
-    """The stage-3 parameters behind a model or optimizer, or None."""
-    optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
-    holder = shard_holder(optimizer) if optimizer is not None else None
-    return getattr(holder, "_hvdkeras_parameters", None) if holder is not None else None
