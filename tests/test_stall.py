@@ -109,17 +109,33 @@ RACE_BOUND_S = 2.0
 def test_a_collective_arriving_as_its_stall_ends_leaves_nothing_behind():
     """Note [stall shutdown after the cycle's requests]: rank 1 submits 160
     names spread over the moment rank 0's copies stall out, then rank 0 at
-    once submits them again alone. Every name must end with a stall error on
-    rank 0; before the note, names whose request came in the failure cycle
-    stayed in the coordinator, and rank 0 then ran them alone (4 of 5 runs
-    here hung or aborted with MPI's "Message truncated")."""
+    once submits them again alone. Before the note, a name whose request came
+    in the failure cycle stayed in the coordinator and rank 0 then ran it
+    alone (4 of 5 runs here hung or aborted with MPI's "Message truncated").
+
+    Rank 1's submissions are timed against a clock, so how many land in the
+    failure cycle itself varies from run to run (on a loaded machine often
+    none: they pair with rank 0's first round or, arriving later, with its
+    second). What holds in every run: the job ends cleanly, each of rank 1's
+    names either ran or ended with a stall error, rank 0's second round
+    completes only if every one of rank 1's names went with it, and a name
+    that hit the failure cycle makes the second round stall naming rank 1."""
     result = run_under_mpi(2, [str(RACE_SCRIPT), str(RACE_BOUND_S)], timeout=120,
                            env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(RACE_BOUND_S)})
     assert result.returncode == 0, describe(result)
-    line = re.search(r"^RESULT (.*)$", result.ranks[0].stdout, re.M)
-    assert line, describe(result)
-    rank0 = json.loads(line.group(1))
-    assert "stalled for" in rank0["second"] and "rank(s) 1 never submitted it" in rank0["second"], rank0
-    assert rank0["second_seconds"] <= RACE_BOUND_S + SLACK_S, rank0
     assert "Fatal error" not in result.stdout and "hvdkeras: ERROR" not in result.stdout, (
         describe(result))
+    found = [re.search(r"^RESULT (.*)$", result.ranks[r].stdout, re.M) for r in (0, 1)]
+    assert all(found), describe(result)
+    rank0, rank1 = (json.loads(m.group(1)) for m in found)
+    print(f"{rank1['in_failure_cycle']} of rank 1's names arrived in the failure cycle; "
+          f"rank 0's second round: {rank0['second'][:60]!r}")
+    assert all(o == "ok" or "stalled for" in o for o in rank1["first"]), rank1
+    if rank0["second"] == "ok":
+        assert all(o == "ok" for o in rank1["first"]), (rank0, rank1)
+    else:
+        assert "stalled for" in rank0["second"], rank0
+        assert "rank(s) 1 never submitted it" in rank0["second"], rank0
+        assert rank0["second_seconds"] <= RACE_BOUND_S + SLACK_S, rank0
+    if rank1["in_failure_cycle"]:
+        assert rank0["second"] != "ok", (rank0, rank1)

@@ -6,8 +6,9 @@ Rank 0 submits N allreduces at once and waits; rank 1 submits the same
 names one by one, spread over the half second around the moment rank 0's
 stall shutdown fails them, so some arrive in the very cycle of the failure
 (Note [stall shutdown after the cycle's requests] in ops/core/negotiation.cc).
-Then rank 0 at once submits the names again while rank 1 runs nothing: every
-one must end with a stall error. Before that note, a name whose request
+Then rank 0 at once submits the names again while rank 1 runs nothing: a
+name of rank 1 that arrived after the failure pairs with this round, any
+other must end with a stall error. Before that note, a name whose request
 arrived in the failure cycle stayed behind in rank 0's coordinator for
 another stall bound, the second round found it "ready", and rank 0 ran the
 collective alone: both engines stuck, no stall check running, a silent hang.
