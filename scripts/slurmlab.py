@@ -101,6 +101,10 @@ def slurm_conf(lab: Dict, directory: Path, cpus: int) -> str:
         "InactiveLimit=0",
         "MinJobAge=30",
         "JobRequeue=1",
+        # A requeued job waits out the step credentials' lifetime before it
+        # may start again (120 s by default); the lab's steps start in
+        # seconds, so a short lifetime keeps requeue tests quick.
+        "AuthInfo=cred_expire=20",
         f"StateSaveLocation={directory / 'state'}",
         f"SlurmdSpoolDir={directory / 'spool-%n'}",
         f"SlurmctldPidFile={directory / 'slurmctld.pid'}",
