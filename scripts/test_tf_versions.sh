@@ -19,11 +19,12 @@
 #                       git ignores): build/venv-tf<VERSION>
 #   HVDKERAS_TF_VENVS_KEEP  1 (default) keeps each environment for the next
 #                       run; 0 removes it once its tests ran, so the leg needs
-#                       disk for one environment (about 2.5 GB) instead of five
+#                       disk for two environments (about 5 GB: the next one is
+#                       made while this one's tests run) instead of five
 #                       (about 11 GB). .ci/run sets 0: a clean clone never
 #                       reuses them.
 #   HVDKERAS_TF_VENV_MIN_FREE_GB  free disk needed before an environment is
-#                       created (default 4); less fails at once with a message
+#                       created (default 4); less fails that version at once with a message
 #                       instead of pip running out of space half-way.
 # Extra pytest arguments can be given after "--".
 set -euo pipefail
@@ -62,10 +63,10 @@ COMMON_SELECTION="test_vocabulary or test_engine_settings or np2 or test_equival
 # ...and the tests only the tensorflow-io version runs.
 IO_FILES=(tests/test_recipes_io.py tests/test_recipes_schema.py tests/test_recipes_data.py)
 
-overall=0
-for version in "${versions[@]}"; do
-  started=$SECONDS
-  venv="$VENVS/venv-tf$version"
+# prepare VERSION: make (or reuse) the version's environment with hvdkeras[test]
+# installed. Writes what pip says to stderr; fails when pip or the disk check does.
+prepare() {
+  local version=$1 venv="$VENVS/venv-tf$1" pins stamp wanted free_kb
   read -r -a pins <<< "tensorflow==$version $(extra_pins "$version")"
   if [[ ! -x "$venv/bin/python" ]]; then
     mkdir -p "$VENVS"
@@ -74,8 +75,7 @@ for version in "${versions[@]}"; do
       echo "tf-versions: only $((free_kb / 1024)) MB free under $VENVS; an environment" \
            "needs about ${MIN_FREE_GB} GB. Free disk, or remove old environments there" \
            "(or set HVDKERAS_TF_VENVS_KEEP=0 so each is removed after its tests)." >&2
-      overall=1
-      break
+      return 1
     fi
     echo "tf-versions: creating $venv" >&2
     "$PYTHON" -m venv "$venv"
@@ -88,7 +88,38 @@ for version in "${versions[@]}"; do
     "$venv/bin/python" -m pip install -q -e ".[test]" "${pins[@]}" >&2
     echo "$wanted" > "$stamp"
   fi
+}
+
+# The next version's environment is prepared in the background while this
+# version's tests run: pip mostly waits on the network and the disk, the
+# tests on the cores, so the leg takes about the tests' time plus the first
+# environment's instead of the sum of both (two environments on disk at once).
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+start_preparing() {
+  prepare "$1" > "$logs/$1.log" 2>&1 &
+  echo $! > "$logs/$1.pid"
+}
+
+overall=0
+start_preparing "${versions[0]}"
+for i in "${!versions[@]}"; do
+  version=${versions[$i]}
+  venv="$VENVS/venv-tf$version"
+  started=$SECONDS
+  prepared=0
+  wait "$(cat "$logs/$version.pid")" || prepared=$?
+  cat "$logs/$version.log" >&2
   installed=$SECONDS
+  if (( i + 1 < ${#versions[@]} )); then
+    start_preparing "${versions[$((i + 1))]}"
+  fi
+  if [[ $prepared -ne 0 ]]; then
+    echo "tf-versions: TensorFlow $version: its environment could not be made (exit $prepared)" >&2
+    overall=1
+    [[ "$KEEP" == "0" ]] && rm -rf "$venv"
+    continue
+  fi
   status=0
   "$venv/bin/python" -m pytest -q -p no:cacheprovider "${COMMON_FILES[@]}" \
     -k "$COMMON_SELECTION" "$@" || status=$?
@@ -96,8 +127,8 @@ for version in "${versions[@]}"; do
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "${IO_FILES[@]}" "$@" || status=$?
   fi
   [[ $status -eq 5 ]] && echo "tf-versions: pytest collected no tests for $version" >&2
-  echo "tf-versions: TensorFlow $version: exit $status; environment $((installed - started)) s," \
-       "tests $((SECONDS - installed)) s" >&2
+  echo "tf-versions: TensorFlow $version: exit $status; waited $((installed - started)) s" \
+       "for its environment, tests $((SECONDS - installed)) s" >&2
   [[ $status -eq 0 ]] || overall=1
   if [[ "$KEEP" == "0" ]]; then
     rm -rf "$venv"

@@ -25,6 +25,16 @@ OPTIMIZERS = {
 }
 
 
+def skip_stage_one_beyond_two_ranks(stage):
+    """Stage 1 shards the optimizer state as stage 2 does and reduces whole
+    gradients as stage 0 does, so what these optimizer-by-optimizer cases
+    check of it at 4 ranks the other stages' cases already cover: its cases
+    run at 2 ranks, stages 2 and 3 at 4 as well (saving about a minute of
+    the 4-rank run). The tests that compare stages at every size keep it."""
+    if stage == 1 and hvd.size() > 2:
+        pytest.skip("stage 1 of this case runs at 2 ranks")
+
+
 def _compiled(optimizer):
     model = mlp(SEED)
     model.compile(optimizer=optimizer, loss="mse")
@@ -54,6 +64,7 @@ def _full_state(model, tmp_path, name):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_fit_matches_one_process_and_saves_the_whole_state(kind, stage, tmp_path):
+    skip_stage_one_beyond_two_ranks(stage)
     x, y = _data()
     model = _compiled(hvd.DistributedOptimizer(OPTIMIZERS[kind](), zero_stage=stage))
     initial = [w.copy() for w in model.get_weights()]
@@ -263,6 +274,7 @@ def test_cut_variables_keep_every_elementwise_feature(kind, stage):
     scaling on the cut kernel: the weights are stage 0's."""
     if stage == 3 and kind == "adam_ema":
         pytest.skip("zero_stage=3 refuses an EMA (test_stage_three_refuses_what_it_cannot_do)")
+    skip_stage_one_beyond_two_ranks(stage)
     steps, per_rank = 4, 8
     rng = np.random.default_rng(12)
     x = rng.normal(size=(steps * hvd.size() * per_rank, 96)).astype("float32")
