@@ -235,7 +235,11 @@ def test_a_node_cut_off_mid_job_ends_it_naming_the_node(cluster, tmp_path):
     assert "SIGSEGV" not in text, text[-4000:]
     print(f"\ncut node: the job left the queue {took:.1f} s after the cut")
     assert_nothing_left(cluster)
-    # The node is back for the next tests.
+    # The node is back for the next tests. Slurm marked it down while it
+    # did not answer and, with the link back, would return it to service
+    # only after minutes (more than 120 s here); an administrator resumes it.
+    resumed = slurm("scontrol", "update", f"NodeName={lost}", "State=RESUME")
+    assert resumed.returncode == 0, resumed.stderr
     deadline = time.monotonic() + 120
     while slurmlab.nodes_idle(NAME).get(lost) != "idle" and time.monotonic() < deadline:
         time.sleep(2)
