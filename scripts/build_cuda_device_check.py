@@ -54,12 +54,8 @@ def build(output: Path) -> Path:
     if gxx is None:
         raise SystemExit("cannot build: no C++ compiler (g++)")
     cuda_build = _cuda_build()
-    headers = cuda_build.find_headers(_tensorflow_include())
     # NVRTC's header may sit in its own wheel rather than beside cuda.h.
-    for directory in cuda_build.wheel_dirs("include"):
-        if (directory / "nvrtc.h").is_file() and not any(
-                (Path(d) / "nvrtc.h").is_file() for d in headers["include_dirs"]):
-            headers["include_dirs"].append(str(directory))
+    headers = cuda_build.add_nvrtc_headers(cuda_build.find_headers(_tensorflow_include()))
     if headers["cuda_version"] is None or headers["nccl_version"] is None:
         print(f"cannot build: CUDA headers {headers['cuda_version'] or 'not found'} "
               f"(set CUDA_HOME), nccl.h {headers['nccl_version'] or 'not found'}", file=sys.stderr)

@@ -61,6 +61,24 @@ skip() {
   ROWS+=("$(printf '%-44s | %-18s | %4ss | %s' "$1" "SKIP" 0 "$2")")
 }
 
+# Keras where the machine lacks it: the wheels scripts/device_wheels.sh put in
+# build/device_wheels (carried there by the device tool), unpacked for this
+# Python. hvdkeras itself runs from this checkout.
+SITE="$LOGS/site"
+if ! "$PY" -c "import keras" >/dev/null 2>&1 && [[ -d build/device_wheels ]]; then
+  echo "=== Keras and hvdkeras's small dependencies from build/device_wheels"
+  "$PY" scripts/unpack_wheels.py build/device_wheels "$SITE"
+fi
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# A $CXX without a shared libstdc++ is refused by the build (it would put a
+# second C++ runtime in the engine); here the system's g++ is used instead.
+if [[ -n "${CXX:-}" ]] && [[ "$("$CXX" -print-file-name=libstdc++.so 2>/dev/null)" != /* ]]; then
+  echo "gpu_check: CXX=$CXX has no shared libstdc++; building with g++ from PATH instead"
+  unset CXX
+fi
+# Open MPI's mpiexec refuses root unless told (these machines run as root).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
 echo "=== the machine"
 nvidia-smi -L
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
@@ -96,7 +114,41 @@ if has tensorflow; then
   # 4. The one-rank GPU tests: kernels, stream order, XLA custom calls, NCCL.
   step "one-rank GPU tests" 300 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_gpu.py \
     -k "np1 or probe"
-  # 5. One step of fit under torch and JAX with CUDA tensors.
+  # 5. What hvdkeras costs at one rank: ResNet-50 with and without it.
+  for wrapped in 0 1; do
+    step "ResNet-50 one GPU, DistributedOptimizer=$wrapped" 240 "$PY" \
+      examples/synthetic_benchmark.py --model ResNet50 --batch-size 64 --num-iters 3 \
+      --num-batches-per-iter 10 $([[ $wrapped == 0 ]] && echo --independent)
+  done
+  # 6. Two ranks on one GPU fail clearly, on both ranks.
+  step "two ranks on one GPU fail clearly" 180 "$PY" tests/scripts/gpu_shared_job.py
+  # 7. The 4 KB small-op benchmark, on this 16-core host.
+  MPIEXEC=mpiexec
+  if [[ -x .venv/bin/mpiexec ]]; then MPIEXEC=.venv/bin/mpiexec; fi
+  step "4 KB allreduce, 2 ranks (16-core host)" 240 "$MPIEXEC" -n 2 "$PY" \
+    examples/allreduce_benchmark.py --sizes 4KB --repeat 3
+else
+  for what in "forced CUDA build of the op library" "hvdkeras check" \
+              "contexts before and after pin_gpu()" "one-rank GPU tests" \
+              "ResNet-50 with and without hvdkeras" "4 KB allreduce (16-core host)"; do
+    skip "$what" "TensorFlow is not installed here (these use its binding)"
+  done
+  # Without TensorFlow: the engine alone (Note [the engine alone] in
+  # hvdkeras/engine/toolchain.py) under the backends that are here.
+  export HVDKERAS_STALL_SHUTDOWN_SECONDS=60
+  step "the engine alone, GPU part forced" 300 env HVDKERAS_CUDA=1 "$PY" -c \
+    "from hvdkeras.engine import build, toolchain as t; p = build.ensure_engine_built(verbose=True); i = t.read_build_info(p); print(p); print(i['device'], i['cuda_reason'])"
+  if has keras && has torch; then
+    step "torch collectives of CUDA tensors" 180 env KERAS_BACKEND=torch \
+      "$PY" tests/scripts/gpu_torch_collectives_job.py
+    step "two ranks on one GPU fail clearly (torch)" 180 env KERAS_BACKEND=torch \
+      "$PY" tests/scripts/gpu_shared_job.py
+  else
+    skip "torch collectives of CUDA tensors" "Keras or PyTorch is not installed here"
+  fi
+fi
+# One step of fit under torch and JAX with CUDA tensors (either engine).
+if has keras; then
   for backend in torch jax; do
     if has "$backend"; then
       step "one fit step, $backend on the GPU" 180 env KERAS_BACKEND="$backend" \
@@ -105,26 +157,8 @@ if has tensorflow; then
       skip "one fit step, $backend on the GPU" "$backend is not installed"
     fi
   done
-  # 6. What hvdkeras costs at one rank: ResNet-50 with and without it.
-  for wrapped in 0 1; do
-    step "ResNet-50 one GPU, DistributedOptimizer=$wrapped" 240 "$PY" \
-      examples/synthetic_benchmark.py --model ResNet50 --batch-size 64 --num-iters 3 \
-      --num-batches-per-iter 10 $([[ $wrapped == 0 ]] && echo --independent)
-  done
-  # 7. Two ranks on one GPU fail clearly, on both ranks.
-  step "two ranks on one GPU fail clearly" 180 "$PY" tests/scripts/gpu_shared_job.py
-  # 8. The 4 KB small-op benchmark, on this 16-core host.
-  MPIEXEC=mpiexec
-  if [[ -x .venv/bin/mpiexec ]]; then MPIEXEC=.venv/bin/mpiexec; fi
-  step "4 KB allreduce, 2 ranks (16-core host)" 240 "$MPIEXEC" -n 2 "$PY" \
-    examples/allreduce_benchmark.py --sizes 4KB --repeat 3
 else
-  for what in "forced CUDA build of the op library" "hvdkeras check" \
-              "contexts before and after pin_gpu()" "one-rank GPU tests" \
-              "one fit step, torch and jax on the GPU" "ResNet-50 with and without hvdkeras" \
-              "two ranks on one GPU fail clearly" "4 KB allreduce (16-core host)"; do
-    skip "$what" "TensorFlow is not installed here (the op library builds against it)"
-  done
+  skip "one fit step, torch and jax on the GPU" "Keras is not installed (scripts/device_wheels.sh)"
 fi
 
 echo

@@ -267,6 +267,58 @@ def test_engine_library_links_mpi_without_tensorflow(tmp_path: Path):
     assert not any("tensorflow" in part for part in command)
 
 
+def engine_alone_inputs() -> dict:
+    """Note [the engine alone]: what ``build_inputs(engine_only=True)`` gives."""
+    return {**fake_inputs(), "tf_version": None, "tf_compile_flags": [], "tf_link_flags": [],
+            "tf_xla_library": ""}
+
+
+def test_the_engine_alone_compiles_no_binding_and_has_its_own_key(tiny_tree: Path,
+                                                                   tmp_path: Path):
+    inputs = engine_alone_inputs()
+    assert build.engine_only(inputs) and not build.engine_only(fake_inputs())
+    commands = build.compile_commands(inputs, tiny_tree, tmp_path / "obj")
+    compiled = [Path(c[c.index("-c") + 1]).relative_to(tiny_tree).as_posix() for c in commands]
+    assert compiled == ["core/tiny.cc"]
+    assert not any("tensorflow" in part for part in commands[0])
+    key = toolchain.cache_key(inputs)
+    assert key.startswith("engine-") and key != toolchain.cache_key(fake_inputs())
+
+
+def test_the_engine_alone_is_built_and_loaded_where_no_tensorflow_is(tiny_tree: Path,
+                                                                     cache_dir: Path,
+                                                                     monkeypatch):
+    """Without TensorFlow, `ensure_engine_built` builds the engine under an
+    "engine-" key (the tiny tree: one core source) and makes no op library."""
+    monkeypatch.setattr(build, "tensorflow_installed", lambda: False)
+    monkeypatch.setattr(build, "build_inputs",
+                        lambda source_dir, engine_only: {**engine_alone_inputs(),
+                                                         "source_hash": toolchain.source_hash(
+                                                             source_dir)})
+    monkeypatch.setattr(build, "_compile_library",
+                        lambda inputs, source_dir, workdir, verbose: (
+                            workdir / toolchain.core_library_name(toolchain.cache_key(inputs))
+                        ).write_text("engine"))
+    path = build.ensure_engine_built(source_dir=tiny_tree)
+    assert path.name.startswith("libhvdkeras_core-engine-") and path.read_text() == "engine"
+    assert not (path.parent / toolchain.LIBRARY_NAME).exists()
+    assert toolchain.read_build_info(path)["tf_version"] is None
+
+
+def test_a_compiler_without_a_shared_cxx_runtime_is_refused(tmp_path: Path, monkeypatch):
+    """A GCC without libstdc++.so links a second C++ runtime into the engine
+    (which then crashed on its first message on a lent GPU machine). The
+    compiler here is a stand-in script answering as such a GCC does."""
+    fake = tmp_path / "g++"
+    fake.write_text('#!/bin/sh\necho "libstdc++.so"\n')
+    fake.chmod(0o755)
+    assert not build.shared_cxx_runtime(str(fake))
+    assert build.shared_cxx_runtime(shutil.which("g++") or "/usr/bin/g++")
+    inputs = {**fake_inputs(), "compiler": str(fake)}
+    with pytest.raises(toolchain.BuildError, match=r"no shared C\+\+ runtime.*CXX=/usr/bin/g\+\+"):
+        build._check_toolchain(inputs, [])
+
+
 def test_real_build_inputs_describe_this_environment():
     inputs = toolchain.build_inputs()
     assert "-D_GLIBCXX_USE_CXX11_ABI=1" in inputs["tf_compile_flags"]

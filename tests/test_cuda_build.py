@@ -67,6 +67,36 @@ def test_forcing_off_wins_and_forcing_on_fails_loudly():
         cuda_build.decide(True, None, GOOD_HEADERS)
 
 
+def test_the_engine_alone_needs_only_headers():
+    """Note [the engine alone]: without TensorFlow there is no CUDA version to
+    match, so any CUDA major with NCCL headers builds the GPU part."""
+    for version in ("12.5", "13.0"):
+        built, why = cuda_build.decide(None, None, {**GOOD_HEADERS, "cuda_version": version},
+                                       engine_only=True)
+        assert built and why.startswith("the engine alone (no TensorFlow)"), why
+    built, why = cuda_build.decide(None, None, {"cuda_version": None}, engine_only=True)
+    assert not built and "CUDA_HOME" in why
+    built, why = cuda_build.decide(None, None, {**GOOD_HEADERS, "nccl_version": None},
+                                   engine_only=True)
+    assert not built and "nccl.h" in why
+    with pytest.raises(cuda_build.CudaBuildError, match="no CUDA headers"):
+        cuda_build.decide(True, None, {"cuda_version": None}, engine_only=True)
+    assert cuda_build.decide(False, None, GOOD_HEADERS, engine_only=True) == (
+        False, "HVDKERAS_CUDA=0")
+
+
+def test_nvrtc_headers_are_added_from_their_wheel_when_missing(tmp_path: Path):
+    wheel = tmp_path / "site" / "nvidia" / "cuda_nvrtc" / "include"
+    _header(wheel / "nvrtc.h", "")
+    headers = {"include_dirs": [str(tmp_path / "cuda" / "include")]}
+    cuda_build.add_nvrtc_headers(headers, [tmp_path / "site"])
+    assert headers["include_dirs"][-1] == str(wheel)
+    _header(tmp_path / "beside" / "nvrtc.h", "")
+    beside = {"include_dirs": [str(tmp_path / "beside")]}
+    assert cuda_build.add_nvrtc_headers(beside, [tmp_path / "site"])["include_dirs"] == [
+        str(tmp_path / "beside")]
+
+
 def _header(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -23,21 +23,19 @@ from hvdkeras.engine.file_lock import exclusive_lock
 
 def binding_path(framework: str, version: str) -> Path:
     """Where the `framework` binding of this environment's engine lives."""
-    library = build.ensure_built()
-    return library.with_name(f"libhvdkeras_{framework}-{version}.so")
+    return build.ensure_engine_built().with_name(f"libhvdkeras_{framework}-{version}.so")
 
 
 def compile_command(framework: str, include_dir: str, output: Path) -> list[str]:
     """The one compiler-and-linker command for `ops/<framework>/*.cc`."""
-    library = build.ensure_built()
-    info = toolchain.read_build_info(library)
+    engine = build.ensure_engine_built()
+    info = toolchain.read_build_info(engine)
     source_dir = toolchain.ops_source_dir()
     sources = sorted(str(p) for p in (source_dir / framework).glob("*.cc"))
     abi_flags = [f for f in info["tf_compile_flags"] if not f.startswith("-I")]
-    engine = toolchain.core_library_name(library.parent.name)
     return [info.get("compiler") or "g++", *info["cxx_flags"], *abi_flags, f"-I{source_dir}",
             f"-I{include_dir}", "-shared", *sources, "-o", str(output),
-            f"-L{library.parent}", f"-l:{engine}", "-Wl,-rpath,$ORIGIN"]
+            f"-L{engine.parent}", f"-l:{engine.name}", "-Wl,-rpath,$ORIGIN"]
 
 
 def ensure_binding(framework: str, version: str, include_dir: str) -> Path:

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from hvdkeras.engine.cuda_build import GENERATED_SOURCES_NAME, kernel_sources_text
 from hvdkeras.engine.file_lock import exclusive_lock
-from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, core_library_name,
-                                       CUDA_SUBDIR, LIBRARY_NAME, TF_SUBDIR, BuildError,
-                                       build_inputs, cache_key, library_path,
-                                       mpi_library_info, ops_source_dir, source_hash)
+from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, CORE_SUBDIR,
+                                       core_library_name, core_library_path, CUDA_SUBDIR,
+                                       LIBRARY_NAME, TF_SUBDIR, BuildError, build_inputs,
+                                       cache_key, library_path, mpi_library_info,
+                                       ops_source_dir, source_hash, tensorflow_installed)
 
 _ERROR_TAIL_CHARS = 4000
 
@@ -40,13 +41,20 @@ last_build_performed: bool = False
 # --------------------------------------------------------------------------
 
 
-def compiled_sources(source_dir: Path, with_cuda: bool = False) -> list[Path]:
-    """The ``.cc`` files that make up the library (``core/``, ``tf/``, and ``cuda/``
-    for a build with a GPU part)."""
+def compiled_sources(source_dir: Path, with_cuda: bool = False,
+                     with_binding: bool = True) -> list[Path]:
+    """The ``.cc`` files that make up the library (``core/``, ``tf/`` unless the
+    engine is built alone, and ``cuda/`` for a build with a GPU part)."""
     files: list[Path] = []
-    for subdir in COMPILED_SUBDIRS + ((CUDA_SUBDIR,) if with_cuda else ()):
+    subdirs = COMPILED_SUBDIRS if with_binding else (CORE_SUBDIR,)
+    for subdir in subdirs + ((CUDA_SUBDIR,) if with_cuda else ()):
         files += (Path(source_dir) / subdir).rglob("*.cc")
     return sorted(files)
+
+
+def engine_only(inputs: dict) -> bool:
+    """Whether ``inputs`` build the engine alone (Note [the engine alone])."""
+    return inputs.get("tf_version", "") is None
 
 
 def _object_path(source: Path, source_dir: Path, objdir: Path) -> Path:
@@ -84,7 +92,7 @@ def compile_commands(inputs: dict, src: Path, objdir: Path,
     return [
         [compiler, *flags, *(tf_flags if is_binding_source(source, src) else abi_flags),
          "-c", str(source), "-o", str(_object_path(source, src, objdir))]
-        for source in compiled_sources(src, with_cuda)
+        for source in compiled_sources(src, with_cuda, with_binding=not engine_only(inputs))
     ]
 
 
@@ -142,6 +150,14 @@ def _check_toolchain(inputs: dict, mpi_searched: list[str]) -> None:
             f"No C++ compiler found (looked for $CXX / g++){requested}: install one, e.g. "
             "`apt-get install g++`, or point $CXX at a C++17 compiler."
         )
+    if not shared_cxx_runtime(inputs["compiler"]):
+        raise BuildError(
+            f"The C++ compiler {inputs['compiler']} has no shared C++ runtime "
+            "(`-print-file-name=libstdc++.so` finds none), so it would put its own copy of "
+            "libstdc++ inside the engine, beside the one the process already holds, and the "
+            "engine would crash on its first message. Point $CXX at a compiler with a shared "
+            "libstdc++, such as the system's (`CXX=/usr/bin/g++`)."
+        )
     if not inputs.get("mpi_include"):
         raise BuildError(
             f"mpi.h not found for the MPI library {inputs['mpi_library']}; looked in: "
@@ -151,11 +167,24 @@ def _check_toolchain(inputs: dict, mpi_searched: list[str]) -> None:
         )
     include_dirs = [f[2:] for f in inputs["tf_compile_flags"] if f.startswith("-I")]
     header = "tensorflow/core/framework/op_kernel.h"
-    if not any((Path(d) / header).is_file() for d in include_dirs):
+    if not engine_only(inputs) and not any((Path(d) / header).is_file() for d in include_dirs):
         raise BuildError(
             f"TensorFlow C++ headers not found ({header} under {include_dirs or 'no -I dirs'}): "
             "reinstall the tensorflow wheel (`pip install --force-reinstall tensorflow`)."
         )
+
+
+def shared_cxx_runtime(compiler: str) -> bool:
+    """Whether ``compiler`` links the shared libstdc++ (a GCC built without
+    it links a static copy into every library it makes). Compilers that do
+    not answer the question (clang with libc++) are given the benefit."""
+    try:
+        result = subprocess.run([compiler, "-print-file-name=libstdc++.so"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    answer = result.stdout.strip()
+    return result.returncode != 0 or os.path.isabs(answer)
 
 
 def run_tool(command: list[str], verbose: bool) -> None:
@@ -201,8 +230,10 @@ def _compile_library(inputs: dict, source_dir: Path, workdir: Path, verbose: boo
     binding = [Path(c[-1]) for c in commands if is_binding_source(Path(c[-3]), source_dir)]
     engine_library = workdir / core_library_name(cache_key(inputs))
     run_tool(core_link_command(inputs, engine, engine_library), verbose)
-    output = workdir / LIBRARY_NAME
-    run_tool(link_command(inputs, binding, output), verbose)
+    output = engine_library
+    if not engine_only(inputs):
+        output = workdir / LIBRARY_NAME
+        run_tool(link_command(inputs, binding, output), verbose)
     shutil.rmtree(objdir)
     if generated is not None:
         shutil.rmtree(generated)
@@ -238,11 +269,9 @@ def _build_into_cache(inputs: dict, key: str, source_dir: Path, verbose: bool) -
     """Compile in a temporary sibling directory, then move it to the cache entry."""
     final = library_path(key).parent
     gpu_part = " with its GPU part (CUDA)" if inputs.get("with_cuda") else ""
-    print(
-        f"hvdkeras: building op library{gpu_part} for TF {inputs['tf_version']} (key {key})",
-        file=sys.stderr,
-        flush=True,
-    )
+    what = ("the engine alone (no TensorFlow installed)" if engine_only(inputs)
+            else f"op library for TF {inputs['tf_version']}")
+    print(f"hvdkeras: building {what}{gpu_part} (key {key})", file=sys.stderr, flush=True)
     started = time.monotonic()
     staged = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=final.parent))
     try:
@@ -261,7 +290,8 @@ def _build_into_cache(inputs: dict, key: str, source_dir: Path, verbose: bool) -
         _install_directory(staged, final)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-    print(f"hvdkeras: op library built in {seconds:.1f} s", file=sys.stderr, flush=True)
+    print(f"hvdkeras: {'engine' if engine_only(inputs) else 'op library'} built in "
+          f"{seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 def ensure_built(
@@ -272,12 +302,39 @@ def ensure_built(
     Safe to call from many processes at once: one builds, the rest wait on the
     lock and reuse its library. Sets ``last_build_performed``.
     """
-    global last_build_performed
-    last_build_performed = False
     source_dir = Path(source_dir) if source_dir else ops_source_dir()
     inputs = build_inputs(source_dir)
+    return _ensure(inputs, library_path(cache_key(inputs)), source_dir, force, verbose)
+
+
+def ensure_engine_built(
+    force: bool = False, verbose: bool = False, source_dir: Path | None = None
+) -> Path:
+    """Return the engine library for the other backends, building it if needed.
+
+    Where TensorFlow is installed, the engine beside its binding (built with
+    it); elsewhere the engine alone (Note [the engine alone]).
+
+    Returns:
+        The engine library's path.
+
+    Example:
+    >>> ensure_engine_built().name.startswith("libhvdkeras_core-")
+    True
+    """
+    if tensorflow_installed():
+        library = ensure_built(force, verbose, source_dir)
+        return library.with_name(core_library_name(library.parent.name))
+    source_dir = Path(source_dir) if source_dir else ops_source_dir()
+    inputs = build_inputs(source_dir, engine_only=True)
+    return _ensure(inputs, core_library_path(cache_key(inputs)), source_dir, force, verbose)
+
+
+def _ensure(inputs: dict, library: Path, source_dir: Path, force: bool, verbose: bool) -> Path:
+    """``library`` (the cache entry's file for ``inputs``), built under the lock if missing."""
+    global last_build_performed
+    last_build_performed = False
     key = cache_key(inputs)
-    library = library_path(key)
     if library.is_file() and not force:
         return library
     _check_toolchain(inputs, mpi_library_info()["include_searched"])

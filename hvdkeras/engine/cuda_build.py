@@ -8,7 +8,8 @@ built with (TensorFlow's GPU wheel ships them) and ``nccl.h``.
 
 ``HVDKERAS_CUDA`` decides: ``1`` builds the GPU part or fails saying what
 is missing, ``0`` never builds it, unset builds it when TensorFlow is a CUDA
-build and the headers are found. ``decide`` is the pure rule; ``cuda_inputs``
+build and the headers are found (without TensorFlow, when the engine is built
+alone, whenever the CUDA and NCCL headers are found). ``decide`` is the pure rule; ``cuda_inputs``
 gathers the facts it needs and what the build records (and hashes into the
 cache key).
 
@@ -56,7 +57,7 @@ def requested(environ: Mapping[str, str] | None = None) -> bool | None:
 
 
 def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
-           has_gpu_sources: bool = True) -> tuple[bool, str]:
+           has_gpu_sources: bool = True, engine_only: bool = False) -> tuple[bool, str]:
     """Whether to build the GPU part, and why (or why not).
 
     Args:
@@ -66,6 +67,9 @@ def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
         headers: ``find_headers()``'s result: ``cuda_version`` of the CUDA
             headers found ("12.5", or None) and ``nccl_version`` ("2.27.7" or None).
         has_gpu_sources: whether the op sources hold the GPU part (``cuda/``).
+        engine_only: the engine is built without TensorFlow (none is
+            installed: Note [the engine alone]); the headers found need match
+            no TensorFlow, since the GPU part loads the CUDA runtime it finds.
 
     Returns:
         (build it, a sentence saying why).
@@ -76,25 +80,31 @@ def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
     Example:
     >>> decide(None, None, {})
     (False, 'TensorFlow is a CPU-only build')
+    >>> decide(None, None, {"cuda_version": "13.0", "nccl_version": "2.28.9"}, engine_only=True)
+    (True, 'the engine alone (no TensorFlow); CUDA headers 13.0, NCCL headers 2.28.9')
     """
     if wanted is False:
         return False, f"{ENV_VARIABLE}=0"
     problem = None
     if not has_gpu_sources:
         problem = "the op sources have no GPU part (cuda/kernels.cu)"
-    elif tf_cuda_version is None:
+    elif tf_cuda_version is None and not engine_only:
         problem = "TensorFlow is a CPU-only build"
+    elif headers.get("cuda_version") is None and engine_only:
+        problem = "no CUDA headers were found (set CUDA_HOME to a CUDA toolkit)"
     elif headers.get("cuda_version") is None:
         problem = ("no CUDA headers were found (TensorFlow's GPU wheel ships them under "
                    "tensorflow/include/third_party/gpus/cuda/include)")
-    elif headers["cuda_version"].split(".")[0] != tf_cuda_version.split(".")[0]:
+    elif not engine_only and headers["cuda_version"].split(".")[0] != tf_cuda_version.split(".")[0]:
         problem = (f"the CUDA headers found are version {headers['cuda_version']}, but "
                    f"TensorFlow was built with CUDA {tf_cuda_version}")
     elif headers.get("nccl_version") is None:
         problem = "nccl.h was not found (pip install nvidia-nccl-cu12)"
     if problem is None:
-        return True, (f"TensorFlow is built with CUDA {tf_cuda_version}; CUDA headers "
-                      f"{headers['cuda_version']}, NCCL headers {headers['nccl_version']}")
+        found = f"CUDA headers {headers['cuda_version']}, NCCL headers {headers['nccl_version']}"
+        if engine_only:
+            return True, f"the engine alone (no TensorFlow); {found}"
+        return True, f"TensorFlow is built with CUDA {tf_cuda_version}; {found}"
     if wanted:
         raise CudaBuildError(f"{ENV_VARIABLE}=1 but the GPU part cannot be built: {problem}.")
     return False, problem
@@ -166,13 +176,27 @@ def find_headers(tf_include: Path | None, sites: Iterable[Path] | None = None) -
     return result
 
 
+def add_nvrtc_headers(headers: dict, sites: Iterable[Path] | None = None) -> dict:
+    """Adds the NVRTC wheel's include folder to ``headers`` when ``nvrtc.h`` is
+    not beside ``cuda.h`` (a CUDA 13 toolkit without NVRTC, with the wheels of
+    PyTorch or JAX). Returns ``headers``."""
+    for directory in wheel_dirs("include", sites):
+        if (directory / "nvrtc.h").is_file() and not any(
+                (Path(d) / "nvrtc.h").is_file() for d in headers["include_dirs"]):
+            headers["include_dirs"].append(str(directory))
+    return headers
+
+
 def cuda_inputs(tf_build_info: Mapping, tf_include: Path | None, source_dir: Path,
-                environ: Mapping[str, str] | None = None) -> dict:
-    """What the build records about the GPU part (all of it goes into the cache key)."""
+                environ: Mapping[str, str] | None = None, engine_only: bool = False) -> dict:
+    """What the build records about the GPU part (all of it goes into the cache key).
+    With ``engine_only`` there is no TensorFlow (``tf_build_info`` is empty)."""
     tf_cuda = tf_build_info.get("cuda_version") if tf_build_info.get("is_cuda_build") else None
     headers = find_headers(tf_include)
+    if engine_only:
+        headers = add_nvrtc_headers(headers)
     build, reason = decide(requested(environ), tf_cuda, headers,
-                           (Path(source_dir) / KERNEL_SOURCE).is_file())
+                           (Path(source_dir) / KERNEL_SOURCE).is_file(), engine_only)
     return {
         "with_cuda": build,
         "cuda_reason": reason,

@@ -75,8 +75,7 @@ def engine_handle() -> ctypes.CDLL:
         if _cdll is not None:
             return _cdll
         if _engine_cdll is None:
-            library = build.ensure_built()
-            path = library.with_name(toolchain.core_library_name(library.parent.name))
+            path = build.ensure_engine_built()
             _engine_cdll = _configured(c_api.bind(ctypes.CDLL(str(path))))
         return _engine_cdll
 

@@ -37,6 +37,15 @@ LIBRARY_NAME = "libhvdkeras_ops.so"
 # Its file name (and soname) carries the cache key: a process that loaded one
 # build's engine (a test of another source tree, say) would otherwise hand
 # it to the next build's op library, whose symbols it may lack.
+# Note [the engine alone]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# Where no TensorFlow is installed (a machine with only PyTorch or JAX, as
+# the lent GPU machines are), the engine is built by itself: its sources need
+# no TensorFlow header, only the C++ ABI, which without TensorFlow is the
+# compiler's default. Its cache key starts with "engine-" and no op library
+# is built. Where TensorFlow is installed every backend uses the engine built
+# beside the TensorFlow binding, so a process that later loads that binding
+# still holds one engine.
 CORE_LIBRARY_PREFIX = "libhvdkeras_core-"
 # Which libraries a cache entry holds and how they link: part of the cache
 # key, so that an entry built the old way is never taken for a new one.
@@ -56,6 +65,11 @@ BASE_CXX_FLAGS = (
     "-fPIC",
     "-pthread",
     "-Wno-deprecated-declarations",
+    # The engine calls MPI's C interface only. Open MPI's mpi.h would also
+    # declare its C++ bindings, whose symbols live in a library (libmpi_cxx)
+    # the engine does not link: loading it then fails on an undefined symbol.
+    "-DOMPI_SKIP_MPICXX=1",
+    "-DMPICH_SKIP_MPICXX=1",
 )
 SYSTEM_MPI_INCLUDE_DIRS = (
     "/usr/include/x86_64-linux-gnu/mpich",
@@ -241,19 +255,30 @@ def _xla_library(link_flags: list[str]) -> str:
     return str(library) if directory and library.exists() else ""
 
 
-def build_inputs(source_dir: Path | None = None) -> dict:
-    """Everything that determines the compiled binary (imports mpi4py, not TensorFlow)."""
+def tensorflow_installed() -> bool:
+    """Whether a TensorFlow is installed (found without importing it)."""
+    return "tensorflow" in sys.modules or tf_flags.installation_fingerprint() is not None
+
+
+def build_inputs(source_dir: Path | None = None, engine_only: bool = False) -> dict:
+    """Everything that determines the compiled binary (imports mpi4py, not TensorFlow).
+
+    With ``engine_only`` (Note [the engine alone]) the inputs name no
+    TensorFlow: ``tf_version`` is None and there are no binding flags."""
     source_dir = Path(source_dir) if source_dir else ops_source_dir()
     if not source_dir.is_dir():
         raise BuildError(f"op sources not found at {source_dir}")
-    tf_version, compile_flags, link_flags, tf_build, tf_include = _tensorflow_flags()
+    if engine_only:
+        tf_version, compile_flags, link_flags, tf_build, tf_include = None, [], [], {}, None
+    else:
+        tf_version, compile_flags, link_flags, tf_build, tf_include = _tensorflow_flags()
     mpi = mpi_library_info()
     compiler = _compiler()
     return {
         "tf_version": tf_version,
         "tf_compile_flags": compile_flags,
         "tf_link_flags": link_flags,
-        "tf_xla_library": _xla_library(link_flags),
+        "tf_xla_library": _xla_library(link_flags) if link_flags else "",
         "compiler": compiler,
         "compiler_version": _compiler_version(compiler),
         "cxx_flags": list(BASE_CXX_FLAGS),
@@ -263,7 +288,7 @@ def build_inputs(source_dir: Path | None = None) -> dict:
         "python": sys.implementation.cache_tag,
         "layout": LIBRARY_LAYOUT,
         "source_hash": source_hash(source_dir),
-        **cuda_build.cuda_inputs(tf_build, tf_include, source_dir),
+        **cuda_build.cuda_inputs(tf_build, tf_include, source_dir, engine_only=engine_only),
     }
 
 
@@ -271,6 +296,8 @@ def cache_key(inputs: dict) -> str:
     """Short, stable name for a set of build inputs (changes when any input does)."""
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    if "tf_version" in inputs and inputs["tf_version"] is None:
+        return f"engine-{digest}"  # Note [the engine alone]
     return f"tf{inputs.get('tf_version', 'unknown')}-{digest}"
 
 

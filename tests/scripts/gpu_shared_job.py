@@ -1,7 +1,7 @@
 """Two ranks on one GPU must fail clearly on both ranks (scripts/gpu_check.sh):
 starts them with the same CUDA_VISIBLE_DEVICES and no pinning, runs a GPU
-allreduce, and exits 0 only if the job failed and each rank's error names
-the GPU both use.
+allreduce (of TensorFlow, or under KERAS_BACKEND=torch of PyTorch), and
+exits 0 only if the job failed and each rank's error names the GPU both use.
 
     python tests/scripts/gpu_shared_job.py
 """
@@ -23,6 +23,21 @@ except Exception as error:
     print(f'rank {hvd.rank()}: ERROR {error}', flush=True)
 hvd.shutdown()
 """
+
+# Under KERAS_BACKEND=torch the same with CUDA tensors of PyTorch (no TensorFlow).
+TORCH_RANK_CODE = """
+import torch
+import hvdkeras as hvd
+hvd.init()
+try:
+    hvd.allreduce(torch.ones(8, device='cuda:0'), op=hvd.Sum).cpu()
+    print(f'rank {hvd.rank()}: NO ERROR', flush=True)
+except Exception as error:
+    print(f'rank {hvd.rank()}: ERROR {error}', flush=True)
+hvd.shutdown()
+"""
+if os.environ.get("KERAS_BACKEND") == "torch":
+    RANK_CODE = TORCH_RANK_CODE
 
 here = Path(sys.executable).parent
 mpiexec = here / "mpiexec" if (here / "mpiexec").exists() else shutil.which("mpiexec")
