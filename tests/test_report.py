@@ -108,6 +108,9 @@ def test_epoch_figures():
         "hvdkeras_batches_per_step": 1.0, "hvdkeras_examples_per_second": 2560.0}
     assert "hvdkeras_examples_per_second" not in epoch_figures(spent, 4, 0.2)
     assert epoch_figures(spent, 0, 0.2) == {}
+    # Gathered bytes show only when the steps gathered (zero_stage=3).
+    gathering = EngineStats(ops=40, batches=4, bytes_reduced=4 << 20, bytes_gathered=8 << 20)
+    assert epoch_figures(gathering, 4, 0.2)["hvdkeras_gathered_mb_per_step"] == 2.0
     assert (EngineStats(2, 2, 10, 1.0, 1.0) - EngineStats(1, 1, 4, 0.5, 0.25)
             == EngineStats(1, 1, 6, 0.5, 0.75))
 

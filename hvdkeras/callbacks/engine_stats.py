@@ -25,8 +25,9 @@ def epoch_figures(spent: EngineStats, steps: int, seconds: float,
         A dict of ``hvdkeras_*`` keys: ``step_ms``, ``collective_ms_per_step``
         (executing collectives), ``wait_ms_per_step`` (waiting for other
         ranks), ``reduced_mb_per_step``, ``batches_per_step`` (fused buffers
-        and lone ops), and with `global_batch` ``examples_per_second``.
-        Empty when no step ran.
+        and lone ops), ``gathered_mb_per_step`` when the steps allgathered
+        (the weights of `zero_stage=3`), and with `global_batch`
+        ``examples_per_second``. Empty when no step ran.
 
     Example:
 
@@ -46,6 +47,8 @@ def epoch_figures(spent: EngineStats, steps: int, seconds: float,
         "reduced_mb_per_step": spent.bytes_reduced / steps / (1 << 20),
         "batches_per_step": spent.batches / steps,
     }
+    if spent.bytes_gathered:
+        figures["gathered_mb_per_step"] = spent.bytes_gathered / steps / (1 << 20)
     if global_batch:
         figures["examples_per_second"] = global_batch * steps / seconds
     return {ENGINE_PREFIX + k: round(v, 6) for k, v in figures.items()}
@@ -59,8 +62,10 @@ class EngineStatsCallback(keras.callbacks.Callback):
     ``hvdkeras_collective_ms_per_step`` (the engine executing collectives),
     ``hvdkeras_wait_ms_per_step`` (the engine waiting for other ranks to
     submit them), ``hvdkeras_reduced_mb_per_step``,
-    ``hvdkeras_batches_per_step`` (fused buffers and lone ops per step) and,
-    given the global batch, ``hvdkeras_examples_per_second``. Place it after
+    ``hvdkeras_batches_per_step`` (fused buffers and lone ops per step),
+    ``hvdkeras_gathered_mb_per_step`` when the steps allgather (the weights
+    under `zero_stage=3`) and, given the global batch,
+    ``hvdkeras_examples_per_second``. Place it after
     `MetricAverageCallback` and before `keras.callbacks.TensorBoard` or
     `CSVLogger`, which then record the figures. Local: no collective.
 

@@ -244,8 +244,8 @@ def gpu_probe_copies(lib: ctypes.CDLL, tensors: int, bytes_each: int,
 
 
 def engine_stats(lib: ctypes.CDLL) -> tuple[list, list]:
-    """([ops, batches, bytes reduced], [execute s, wait s]) since init()."""
-    counts, seconds = (ctypes.c_int64 * 3)(), (ctypes.c_double * 2)()
+    """([ops, batches, bytes reduced, bytes gathered], [execute s, wait s]) since init()."""
+    counts, seconds = (ctypes.c_int64 * 4)(), (ctypes.c_double * 2)()
     lib.hvdkeras_engine_stats(counts, seconds)
     return list(counts), list(seconds)
 

@@ -27,6 +27,8 @@ class EngineStats:
             MPI or NCCL calls).
         wait_seconds: Time spent negotiating while some op was pending:
             mostly waiting for other ranks to submit the same collective.
+        bytes_gathered: Bytes allgathered onto this rank, every rank's part
+            (under `zero_stage=3`, the weights gathered for the steps).
     """
 
     ops: int = 0
@@ -34,6 +36,7 @@ class EngineStats:
     bytes_reduced: int = 0
     execute_seconds: float = 0.0
     wait_seconds: float = 0.0
+    bytes_gathered: int = 0
 
     def __sub__(self, earlier: "EngineStats") -> "EngineStats":
         return EngineStats(*(getattr(self, f.name) - getattr(earlier, f.name)
@@ -56,5 +59,7 @@ def engine_stats() -> EngineStats:
     ```
     """
     require()
-    counts, seconds = c_api.engine_stats(library.engine_handle())
-    return EngineStats(*counts, *seconds)
+    (ops, batches, reduced, gathered), (executing, waiting) = c_api.engine_stats(
+        library.engine_handle())
+    return EngineStats(ops=ops, batches=batches, bytes_reduced=reduced,
+                       execute_seconds=executing, wait_seconds=waiting, bytes_gathered=gathered)

@@ -25,11 +25,13 @@ def _engine_line(values: Dict[str, float]) -> str:
     if get("step_ms") is None:
         return ""
     buffers = get("batches_per_step") or 0
+    gathered = get("gathered_mb_per_step")
     return (f"per step in the last epoch: {get('step_ms'):.1f} ms, of which the engine spent "
             f"{get('collective_ms_per_step'):.2f} ms reducing and "
             f"{get('wait_ms_per_step'):.2f} ms waiting for other ranks; "
             f"{get('reduced_mb_per_step'):.2f} MB reduced in {buffers:.3g} "
-            f"buffer{'s' if buffers != 1 else ''}")
+            f"buffer{'s' if buffers != 1 else ''}"
+            + (f", {gathered:.2f} MB gathered" if gathered else ""))
 
 
 def format_summary(s: Dict[str, Any]) -> str:

@@ -140,8 +140,9 @@ void hvdkeras_current_params(int64_t* fusion_threshold, double* cycle_time_ms) {
   hvdkeras::Engine::Instance().CurrentParams(fusion_threshold, cycle_time_ms);
 }
 
-// The global set's totals since init(): counts[3] (ops, batches, bytes
-// reduced) and seconds[2] (executing, negotiating with ops pending).
+// The global set's totals since init(): counts[4] (ops, batches, bytes
+// reduced, bytes gathered) and seconds[2] (executing, negotiating with ops
+// pending).
 void hvdkeras_engine_stats(int64_t* counts, double* seconds) {
   hvdkeras::Engine::Instance().Stats(counts, seconds);
 }

@@ -115,6 +115,21 @@ inline Shape WithRows(const Shape& shape, int64_t rows) {
   return out;
 }
 
+// Bytes an executed allgather left on this rank: every rank's rows of each of
+// its tensors (the response holds the rows, tensor by tensor, rank by rank).
+// engine_stats() counts them as gathered.
+inline int64_t AllgatheredBytes(const PendingOp& op) {
+  if (op.response == nullptr || op.tensors.empty()) return 0;
+  const size_t size = op.response->sizes.size() / op.tensors.size();
+  int64_t bytes = 0;
+  for (size_t t = 0; t < op.tensors.size(); ++t) {
+    int64_t rows = 0;
+    for (size_t r = 0; r < size; ++r) rows += op.response->sizes[t * size + r];
+    bytes += rows * RowBytes(op.tensors[t].shape, op.tensors[t].dtype);
+  }
+  return bytes;
+}
+
 // Exclusive prefix sums: where each of `counts` starts when laid end to end.
 inline std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
   std::vector<int64_t> offsets(counts.size(), 0);

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/collectives.h"
 #include "core/completion_batch.h"
 #include "core/device.h"
 #include "core/watchdog.h"
@@ -111,6 +112,7 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   stat_ops_ = 0;
   stat_batches_ = 0;
   stat_bytes_reduced_ = 0;
+  stat_bytes_gathered_ = 0;
   stat_execute_seconds_ = 0.0;
   stat_wait_seconds_ = 0.0;
   pending_.TakeAll();
@@ -269,16 +271,18 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
     if (tuning_.measuring()) tuning_.Record(span.bytes, span.end);
   }
   if (!ready.empty()) {
-    int64_t bytes = 0, reduced = 0;
+    int64_t bytes = 0, reduced = 0, gathered = 0;
     for (const PendingOp* op : ready) {
       const int64_t op_bytes = op->request.TotalBytes();
       const OpType type = op->request.op_type;
       if (!time_device || op->request.device != DeviceKind::kGpu) bytes += op_bytes;
       if (type == OpType::kAllreduce || type == OpType::kReducescatter) reduced += op_bytes;
+      if (type == OpType::kAllgather) gathered += AllgatheredBytes(*op);
     }
     stat_ops_ += static_cast<int64_t>(ready.size());
     stat_batches_ = executor_.batches_run();
     stat_bytes_reduced_ += reduced;
+    stat_bytes_gathered_ += gathered;
     stat_execute_seconds_ = stat_execute_seconds_.load() +
                             std::chrono::duration<double>(Clock::now() - negotiated).count();
     if (tuning_.measuring()) tuning_.Record(bytes);

@@ -94,13 +94,15 @@ class Engine {
 
   // Totals since Start, for hvdkeras.engine_stats(): [0] ops executed,
   // [1] batches (fused buffers and lone ops) executed, [2] bytes of
-  // allreduce and reducescatter input; seconds [0] executing batches,
-  // [1] negotiating while some op was pending (mostly waiting for other
-  // ranks to submit it). Any thread.
-  void Stats(int64_t counts[3], double seconds[2]) const {
+  // allreduce and reducescatter input, [3] bytes allgathered onto this rank
+  // (every rank's part); seconds [0] executing batches, [1] negotiating
+  // while some op was pending (mostly waiting for other ranks to submit
+  // it). Any thread.
+  void Stats(int64_t counts[4], double seconds[2]) const {
     counts[0] = stat_ops_.load();
     counts[1] = stat_batches_.load();
     counts[2] = stat_bytes_reduced_.load();
+    counts[3] = stat_bytes_gathered_.load();
     seconds[0] = stat_execute_seconds_.load();
     seconds[1] = stat_wait_seconds_.load();
   }
@@ -157,6 +159,7 @@ class Engine {
   std::atomic<int64_t> stat_ops_{0};
   std::atomic<int64_t> stat_batches_{0};
   std::atomic<int64_t> stat_bytes_reduced_{0};
+  std::atomic<int64_t> stat_bytes_gathered_{0};
   std::atomic<double> stat_execute_seconds_{0.0};
   std::atomic<double> stat_wait_seconds_{0.0};
 };

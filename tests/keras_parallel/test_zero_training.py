@@ -292,6 +292,29 @@ def test_cut_variables_keep_every_elementwise_feature(kind, stage):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=f"{kind} weight {i}")
 
 
+def test_stage_three_reports_the_weights_gathered_per_step():
+    """`EngineStatsCallback` shows what stage 3 gathers: each step gathers
+    every weight once (and keeps it for the backward pass), so about the
+    model's bytes (rows padded to even blocks add a little); stage 2 gathers
+    nothing in its steps."""
+    if hvd.size() == 1:
+        pytest.skip("one rank holds its weights whole")
+    steps, per_rank = 6, 8
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(steps * hvd.size() * per_rank, 96)).astype("float32")
+    y = rng.normal(size=(steps * hvd.size() * per_rank, 10)).astype("float32")
+    gathered = {}
+    for stage in (2, 3):
+        model = _wide_mlp(hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3), zero_stage=stage))
+        history = fit_distributed(model, shard(x, steps, per_rank), shard(y, steps, per_rank),
+                                  batch_size=per_rank,
+                                  callbacks=[hvd.callbacks.EngineStatsCallback()])
+        gathered[stage] = history.history.get("hvdkeras_gathered_mb_per_step", [0.0])[-1]
+    weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables) / (1 << 20)
+    assert gathered[2] == 0.0, gathered
+    assert weights <= gathered[3] <= weights * 1.05, (gathered, weights)
+
+
 def test_stage_three_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="EMA"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3, use_ema=True), zero_stage=3)

@@ -119,6 +119,20 @@ def test_grouped_allgather_of_nothing_and_mixed_dtypes():
     assert_exact(b, np.repeat(np.arange(WORLD_SIZE, dtype=np.int32), 2))
 
 
+def test_engine_stats_count_every_rank_s_part_of_what_was_gathered():
+    """`bytes_gathered` is what landed on this rank: rank r gives r + 1 rows
+    of 3 float32 and, in a fused group, r + 2 rows of 2 float64."""
+    before = hvd.engine_stats()
+    hvd.allgather(tf.ones([WORLD_RANK + 1, 3], tf.float32), name="stats_gather_one")
+    hvd.grouped_allgather([tf.ones([WORLD_RANK + 1, 3], tf.float32),
+                           tf.ones([WORLD_RANK + 2, 2], tf.float64)], name="stats_gather_two")
+    spent = hvd.engine_stats() - before
+    first = sum(r + 1 for r in range(WORLD_SIZE)) * 3 * 4
+    second = first + sum(r + 2 for r in range(WORLD_SIZE)) * 2 * 8
+    assert spent.bytes_gathered == first + second, (spent, first, second)
+    assert spent.bytes_reduced == 0, spent
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_alltoall_without_splits_needs_equal_blocks(mode):
     """Horovod's rule: without splits the rows must divide evenly, else every
