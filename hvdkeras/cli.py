@@ -96,6 +96,9 @@ def _load_tensorflow() -> None:
 
 @command("build", help="compile the op library (cached) and print its path", configure=_configure_build)
 def _build(args: argparse.Namespace) -> int:
+    if not toolchain.tensorflow_installed():  # Note [the engine alone]
+        print(build.ensure_engine_built(force=args.force, verbose=args.verbose))
+        return 0
     _load_tensorflow()
     print(build.ensure_built(force=args.force, verbose=args.verbose))
     return 0
@@ -115,13 +118,14 @@ def _print_rows(rows: list[tuple[str, object]]) -> None:
 def _framework_rows() -> list[tuple[str, object]]:
     """Versions of hvdkeras, Python, TensorFlow and Keras."""
     import keras  # lazy: seconds to import; only `check` needs it
-    import tensorflow as tf  # lazy: as above
 
+    tf = sys.modules.get("tensorflow")  # imported by _check where installed
+    tf_version = tf.__version__ if tf else "not installed (the engine is built alone)"
     return [
         ("hvdkeras", hvdkeras_version()),
         ("Python", f"{platform.python_version()} ({sys.executable})"),
-        ("TensorFlow", tf.__version__),
-        ("Keras", keras.__version__),
+        ("TensorFlow", tf_version),
+        ("Keras", f"{keras.__version__} (backend {keras.backend.backend()})"),
     ]
 
 
@@ -140,13 +144,16 @@ def _mpi_rows() -> list[tuple[str, object]]:
 
 
 def _op_library_rows() -> list[tuple[str, object]]:
-    """The op library for the current environment (built now if missing)."""
-    library = build.ensure_built()
+    """The op library for the current environment (built now if missing), or
+    the engine alone where no TensorFlow is installed."""
+    alone = not toolchain.tensorflow_installed()
+    library = build.ensure_engine_built() if alone else build.ensure_built()
     info = toolchain.read_build_info(library)
     status = "it was missing; built it now" if build.last_build_performed else "yes"
+    built_for = f"TensorFlow {info['tf_version']}" if not alone else "the engine alone"
     return [
-        ("op library", library),
-        ("built for", f"TensorFlow {info.get('tf_version')} on {info.get('built_at')}"),
+        ("engine library" if alone else "op library", library),
+        ("built for", f"{built_for} on {info.get('built_at')}"),
         ("device", info.get("device")),
         ("up to date", status),
         *gpu_rows(info),
@@ -155,7 +162,8 @@ def _op_library_rows() -> list[tuple[str, object]]:
 
 @command("check", help="report versions, the MPI in use and the op library's state")
 def _check(args: argparse.Namespace) -> int:
-    _load_tensorflow()
+    if toolchain.tensorflow_installed():
+        _load_tensorflow()
     _print_rows(_framework_rows() + _mpi_rows())
     sys.stdout.flush()  # the versions appear before a possibly long build
     _print_rows(_op_library_rows())

@@ -128,7 +128,7 @@ if has tensorflow; then
   step "4 KB allreduce, 2 ranks (16-core host)" 240 "$MPIEXEC" -n 2 "$PY" \
     examples/allreduce_benchmark.py --sizes 4KB --repeat 3
 else
-  for what in "forced CUDA build of the op library" "hvdkeras check" \
+  for what in "forced CUDA build of the op library" \
               "contexts before and after pin_gpu()" "one-rank GPU tests" \
               "ResNet-50 with and without hvdkeras" "4 KB allreduce (16-core host)"; do
     skip "$what" "TensorFlow is not installed here (these use its binding)"
@@ -139,6 +139,8 @@ else
   step "the engine alone, GPU part forced" 300 env HVDKERAS_CUDA=1 "$PY" -c \
     "from hvdkeras.engine import build, toolchain as t; p = build.ensure_engine_built(verbose=True); i = t.read_build_info(p); print(p); print(i['device'], i['cuda_reason'])"
   if has keras && has torch; then
+    step "hvdkeras check (torch, no TensorFlow)" 120 env KERAS_BACKEND=torch \
+      "$PY" -m hvdkeras.cli check
     step "torch collectives of CUDA tensors" 180 env KERAS_BACKEND=torch \
       "$PY" tests/scripts/gpu_torch_collectives_job.py
     step "two ranks on one GPU fail clearly (torch)" 180 env KERAS_BACKEND=torch \
