@@ -141,6 +141,19 @@ def test_report_writes_pngs_and_one_self_contained_page(tmp_path):
     assert not [p for p in index.parent.iterdir() if p.name.startswith(".")]  # no temp files
 
 
+def test_report_shows_what_a_gathering_run_moved(tmp_path):
+    """A zero_stage=3 run logs the MB gathered per step: the report charts it
+    beside the MB reduced."""
+    run = tmp_path / "zero3"
+    run.mkdir()
+    (run / "history.csv").write_text(
+        "epoch,loss,hvdkeras_reduced_mb_per_step,hvdkeras_gathered_mb_per_step\n"
+        "0,1.0,0.95,0.96\n1,0.5,0.95,0.96\n")
+    index = write_report(run)
+    assert (index.parent / "traffic.png").read_bytes().startswith(PNG_MAGIC)
+    assert "gathered" in index.read_text()
+
+
 def test_report_leaves_out_what_the_run_did_not_record(tmp_path):
     run = tmp_path / "plain"
     run.mkdir()

@@ -124,6 +124,30 @@ def step_time(run: RunData, path: Path) -> Optional[str]:
             "thread, so where collectives overlap the backward pass the parts overlap too.")
 
 
+def traffic(run: RunData, path: Path) -> Optional[str]:
+    """MB reduced and gathered per step, per epoch; only for runs that gathered
+    (the weights under `zero_stage=3`)."""
+    gathered = run.history.get(ENGINE_PREFIX + "gathered_mb_per_step")
+    if not _has(gathered):
+        return None
+    reduced = run.history.get(ENGINE_PREFIX + "reduced_mb_per_step", [math.nan] * len(gathered))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    width = 0.4
+    ax.bar([e - width / 2 for e in run.epochs], reduced, width, label="reduced",
+           color="tab:orange")
+    ax.bar([e + width / 2 for e in run.epochs], gathered, width, label="gathered",
+           color="tab:purple")
+    _epoch_axis(ax)
+    ax.set_ylabel("MB per step (rank 0)")
+    ax.set_title("What the engine moved per step")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return ("Megabytes rank 0's engine reduced (gradients) and gathered (every rank's part of "
+            "the weights of zero_stage=3) per training step, per epoch.")
+
+
 def timeline_phases(totals: Dict[str, float], path: Path, source: str) -> Optional[str]:
     """The engine's time by phase over a recorded timeline."""
     if not totals:

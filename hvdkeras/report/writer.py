@@ -62,7 +62,8 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     drawings = [("curves.png", lambda p: charts.curves(run, p)),
                 ("learning_rate.png", lambda p: charts.learning_rate(run, p)),
                 ("throughput.png", lambda p: charts.throughput(run, p)),
-                ("step_time.png", lambda p: charts.step_time(run, p))]
+                ("step_time.png", lambda p: charts.step_time(run, p)),
+                ("traffic.png", lambda p: charts.traffic(run, p))]
     for i, trace in enumerate(run.timelines):
         totals = timeline_phases.phase_totals_ms(timeline_phases.read_events(trace))
         drawings.append((f"timeline_phases{'' if i == 0 else f'_{i + 1}'}.png",
