@@ -7,10 +7,13 @@
 #
 # On a machine without a GPU it says so in one line and exits 0. Logs go to
 # $OUT/gpu_check (the device tool's folder that comes back) or
-# /tmp/gpu_check. Steps that need TensorFlow (the op library is built
-# against it) report SKIP with the reason where it is not installed: lent
-# machines have had PyTorch and JAX but no TensorFlow, whose wheel is too
-# large to carry there; the CUDA device and NCCL check needs neither.
+# /tmp/gpu_check. Steps that need TensorFlow (its op library) report SKIP
+# with the reason where it is not installed: lent machines have had PyTorch
+# and JAX but no TensorFlow, whose wheel is too large to carry there. There
+# the engine is built alone and runs the torch and JAX steps, with Keras
+# unpacked from build/device_wheels (scripts/device_wheels.sh makes it; the
+# device tool carries it: `carry: ["build/device_wheels"]`); the CUDA device
+# and NCCL check needs no framework.
 # What one GPU cannot check: NCCL traffic between ranks (two ranks need two
 # GPUs) and a peer dying inside a collective (docs/gpus.md).
 set -uo pipefail
