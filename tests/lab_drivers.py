@@ -27,6 +27,32 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
     return out
 
 
+# Note [the lab's rank crash]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A rank of `hvdkeras.ray.run` or `hvdkeras.spark.run` on the lab's hosts has
+# died of SIGSEGV three times, always under CI, never in the 36 runs by hand
+# that tried to catch it (core dumps on): twice while the Ray ranks joined
+# (the last lines TensorFlow's import), once in the first steps of a
+# KerasEstimator fit on Spark. Both go through hvdkeras/cluster/task_rank.py,
+# whose ranks join through MPI ports (MPI_Comm_connect/accept), which no
+# other job here does. The rank's faulthandler printed nothing, which points
+# at a thread without Python or its own signal stack. Until it is caught, a
+# run whose rank died so is run once more, printing the first run's end.
+def crashed_rank(out: str) -> bool:
+    """Whether a driver's output says a rank died of SIGSEGV."""
+    return "exited with code 11" in out
+
+
+def finish_rerunning_a_crash(start, timeout: float, done: str) -> str:
+    """`finish(start(), timeout)`; once more when the run shows no `done` and a
+    rank died of SIGSEGV (Note [the lab's rank crash])."""
+    out = finish(start(), timeout)
+    if done not in out and crashed_rank(out):
+        print(f"\nKNOWN RANK CRASH (docs/testing.md), running once more:\n{tail(out)}")
+        out = finish(start(), timeout)
+    return out
+
+
 def lose_a_rank_host(proc: subprocess.Popen, ready_dir: Path, lab_name: str, spared: str,
                      liveness_s: float, what: str, ranks: int = 3) -> None:
     """Waits until every rank wrote READY_DIR/ready.<rank> (its host), crashes

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from hvdkeras.ray.runner import DRIVER_HOST_ENV
-from lab_drivers import finish, lose_a_rank_host
+from lab_drivers import finish_rerunning_a_crash, lose_a_rank_host
 from mpi_runner import _child_env, tail
 
 TESTS = Path(__file__).resolve().parent
@@ -59,21 +59,9 @@ def driver(cluster: dict, mode: str, ready_dir: Path) -> subprocess.Popen:
         start_new_session=True)
 
 
-def crashed_at_start(out: str) -> bool:
-    """Whether a rank died of SIGSEGV before any rank returned: seen twice in
-    about 40 runs of this lab, in CI only, inside MPICH's start-up (the last
-    lines are TensorFlow's import; 30 runs by hand never showed it). The
-    rank now prints every thread's Python stack when it crashes
-    (faulthandler in hvdkeras/cluster/task_rank.py) for the next sighting."""
-    return "RESULT" not in out and "exited with code 11" in out
-
-
 @pytest.mark.timeout(700)
 def test_ray_run_puts_the_ranks_on_three_hosts(cluster, tmp_path):
-    out = finish(driver(cluster, "run", tmp_path), 300)
-    if crashed_at_start(out):
-        print(f"\nKNOWN START-UP CRASH (docs/testing.md), running once more:\n{tail(out)}")
-        out = finish(driver(cluster, "run", tmp_path), 300)
+    out = finish_rerunning_a_crash(lambda: driver(cluster, "run", tmp_path), 300, "RESULT")
     ranks = re.findall(r"RESULT rank (\d) host (\S+) sum 6\b", out)
     assert sorted(r for r, _ in ranks) == ["0", "1", "2"], tail(out)
     hosts = {h["host"] for h in cluster["lab"]["hosts"]}
