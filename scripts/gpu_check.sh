@@ -75,7 +75,8 @@ fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # A $CXX without a shared libstdc++ is refused by the build (it would put a
 # second C++ runtime in the engine); here the system's g++ is used instead.
-if [[ -n "${CXX:-}" ]] && [[ "$("$CXX" -print-file-name=libstdc++.so 2>/dev/null)" != /* ]]; then
+if [[ -n "${CXX:-}" ]] && ! "$PY" -c "import sys; from hvdkeras.engine.build import \
+shared_cxx_runtime as s; sys.exit(not s(sys.argv[1]))" "$CXX" 2>/dev/null; then
   echo "gpu_check: CXX=$CXX has no shared libstdc++; building with g++ from PATH instead"
   unset CXX
 fi

@@ -27,8 +27,9 @@ from hvdkeras.engine.file_lock import exclusive_lock
 from hvdkeras.engine.toolchain import (BUILD_INFO_NAME, COMPILED_SUBDIRS, CORE_SUBDIR,
                                        core_library_name, core_library_path, CUDA_SUBDIR,
                                        LIBRARY_NAME, TF_SUBDIR, BuildError, build_inputs,
-                                       cache_key, library_path, mpi_library_info,
-                                       ops_source_dir, source_hash, tensorflow_installed)
+                                       cache_key, engine_only, library_path,
+                                       mpi_library_info, ops_source_dir, source_hash,
+                                       tensorflow_installed)
 
 _ERROR_TAIL_CHARS = 4000
 
@@ -50,11 +51,6 @@ def compiled_sources(source_dir: Path, with_cuda: bool = False,
     for subdir in subdirs + ((CUDA_SUBDIR,) if with_cuda else ()):
         files += (Path(source_dir) / subdir).rglob("*.cc")
     return sorted(files)
-
-
-def engine_only(inputs: dict) -> bool:
-    """Whether ``inputs`` build the engine alone (Note [the engine alone])."""
-    return inputs.get("tf_version", "") is None
 
 
 def _object_path(source: Path, source_dir: Path, objdir: Path) -> Path:

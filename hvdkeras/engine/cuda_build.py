@@ -90,11 +90,11 @@ def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
         problem = "the op sources have no GPU part (cuda/kernels.cu)"
     elif tf_cuda_version is None and not engine_only:
         problem = "TensorFlow is a CPU-only build"
-    elif headers.get("cuda_version") is None and engine_only:
-        problem = "no CUDA headers were found (set CUDA_HOME to a CUDA toolkit)"
     elif headers.get("cuda_version") is None:
-        problem = ("no CUDA headers were found (TensorFlow's GPU wheel ships them under "
-                   "tensorflow/include/third_party/gpus/cuda/include)")
+        problem = "no CUDA headers were found " + (
+            "(set CUDA_HOME to a CUDA toolkit)" if engine_only else
+            "(TensorFlow's GPU wheel ships them under "
+            "tensorflow/include/third_party/gpus/cuda/include)")
     elif not engine_only and headers["cuda_version"].split(".")[0] != tf_cuda_version.split(".")[0]:
         problem = (f"the CUDA headers found are version {headers['cuda_version']}, but "
                    f"TensorFlow was built with CUDA {tf_cuda_version}")

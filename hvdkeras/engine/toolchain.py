@@ -278,7 +278,7 @@ def build_inputs(source_dir: Path | None = None, engine_only: bool = False) -> d
         "tf_version": tf_version,
         "tf_compile_flags": compile_flags,
         "tf_link_flags": link_flags,
-        "tf_xla_library": _xla_library(link_flags) if link_flags else "",
+        "tf_xla_library": _xla_library(link_flags),
         "compiler": compiler,
         "compiler_version": _compiler_version(compiler),
         "cxx_flags": list(BASE_CXX_FLAGS),
@@ -292,12 +292,17 @@ def build_inputs(source_dir: Path | None = None, engine_only: bool = False) -> d
     }
 
 
+def engine_only(inputs: dict) -> bool:
+    """Whether ``inputs`` build the engine alone (Note [the engine alone])."""
+    return "tf_version" in inputs and inputs["tf_version"] is None
+
+
 def cache_key(inputs: dict) -> str:
     """Short, stable name for a set of build inputs (changes when any input does)."""
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    if "tf_version" in inputs and inputs["tf_version"] is None:
-        return f"engine-{digest}"  # Note [the engine alone]
+    if engine_only(inputs):
+        return f"engine-{digest}"
     return f"tf{inputs.get('tf_version', 'unknown')}-{digest}"
 
 
