@@ -1,13 +1,14 @@
 """Reducing `tf.IndexedSlices` (sparse gradients such as Embedding's) by
 gathering every rank's rows: duplicates add up, as one process would see them.
 
-What may import this module: the rest of `hvdkeras.collectives`, and
-`hvdkeras.training.gradient_reduction`.
+What may import this module: the rest of `hvdkeras.collectives`,
+`hvdkeras.training.gradient_reduction` and `hvdkeras.sharding` (whose
+sharded weights take their rows of the gathered slices).
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -73,3 +74,35 @@ def allreduce_slices_group(slices: Sequence[tf.IndexedSlices], op: int, prescale
         out.append(tf.IndexedSlices(scale_values(values, factor), gathered.indices,
                                     dense_shape=gathered.dense_shape))
     return out
+
+
+def reduce_slices(slices: Sequence[tf.IndexedSlices], wire_op: int, prescale: float,
+                  postscale: float, compress: Callable[[tf.Tensor], Any],
+                  decompress: Callable[[tf.Tensor, Any], tf.Tensor], name: str,
+                  ps: SetView) -> List[tf.IndexedSlices]:
+    """Sparse gradients reduced by gathering: every rank's rows of each, in
+    rank order, their values compressed on the wire and then scaled, so the
+    optimizer sees what one process would on the global batch, repeated rows
+    included (Keras's Adam squares each row before summing repeats, so a
+    densified sum would give other weights)."""
+    scale = sparse_scale(wire_op, prescale, postscale, ps.size)
+    packed = [compress(s.values) for s in slices]
+    gathered = gather_slices([tf.IndexedSlices(p[0], s.indices, dense_shape=s.dense_shape)
+                              for s, p in zip(slices, packed)], name, ps.set_id)
+    return [tf.IndexedSlices(scale_values(decompress(g.values, p[1]), scale), g.indices,
+                             dense_shape=g.dense_shape)
+            for g, p in zip(gathered, packed)]
+
+
+def rows_of_slices(slices: tf.IndexedSlices, begin: int, end: int) -> tf.IndexedSlices:
+    """The entries of `slices` in rows [begin, end), renumbered from 0, in
+    their order (repeats kept): the gradient of a variable holding those rows."""
+    inside = tf.logical_and(slices.indices >= begin, slices.indices < end)
+    rest = slices.values.shape[1:]
+    if rest.is_fully_defined():
+        shape = tf.constant([end - begin] + rest.as_list(), slices.indices.dtype)
+    else:
+        shape = tf.cast(tf.concat([[end - begin], tf.shape(slices.values, out_type=tf.int64)[1:]],
+                                  0), slices.indices.dtype)
+    return tf.IndexedSlices(tf.boolean_mask(slices.values, inside),
+                            tf.boolean_mask(slices.indices, inside) - begin, dense_shape=shape)

@@ -21,7 +21,11 @@ graph reuse the result; eagerly, a read gathers that variable alone, unless
 stage 2's reduce-scatter of the whole-variable gradients to their holders (`reduce_scatter_to_owners`: the
 same units, blocks and summation order, so stage 3 gives stage 2's and
 stage 0's weights bit for bit on one host), which is what the tape returns
-for the holding. Assigning a whole value keeps this rank's rows. So a
+for the holding. A sparse gradient (`tf.IndexedSlices`, an `Embedding`'s)
+is not reduce-scattered: every rank's rows are gathered as at stage 0 and
+each holder keeps the entries in its rows, still sparse, because Keras's
+optimizers update only the rows a sparse gradient names (a dense one would
+decay every row's moments). Assigning a whole value keeps this rank's rows. So a
 read anywhere outside `gathered_weights` is a collective: every rank must
 make the same reads in the same order, as with any hvdkeras collective.
 The step's graph differs per rank (each updates its own rows), so these
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -48,14 +52,24 @@ from hvdkeras import compat
 from hvdkeras.collectives import kernels
 from hvdkeras.collectives.common import fixed_collective_names
 from hvdkeras.collectives.reduction import grouped_allreduce
+from hvdkeras.collectives.sparse import reduce_slices, rows_of_slices
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
 from hvdkeras.sharding.plan import REPLICATED, by_dtype
 from hvdkeras.sharding.state import ShardState, answering_to, variable_rows
 
-# (op on the wire, prescale, postscale, compress, decompress) of the gradient step.
-Reduction = Tuple[int, float, float, Callable, Callable]
+
+class Reduction(NamedTuple):
+    """How the gradient step reduces: the op on the wire, its scale factors,
+    the compression's two halves, and whether sparse gradients are densified."""
+
+    wire_op: int
+    prescale: float
+    postscale: float
+    compress: Callable
+    decompress: Callable
+    sparse_as_dense: bool = False
 
 
 class ShardedParameters:
@@ -64,8 +78,7 @@ class ShardedParameters:
 
     Args:
         state: The optimizer's shard (its plan is the weights' too).
-        reduction: How gradients are reduced: the wire op, prescale,
-            postscale and the compression's `compress`/`decompress`.
+        reduction: How gradients are reduced (a `Reduction`).
     """
 
     def __init__(self, state: ShardState, reduction: Reduction) -> None:
@@ -199,30 +212,55 @@ class ShardedParameters:
         return grouped_allreduce(padded, name=name, op=Sum, process_set=self.state.process_set)
 
     def _reduce_to_holders(self, positions: Sequence[int], upstream: Sequence[Any],
-                           held: Sequence[tf.Tensor], suffix: str) -> List[tf.Tensor]:
+                           held: Sequence[tf.Tensor], suffix: str) -> List[Any]:
         """The gradient of each holding: its rows of the whole gradients,
-        summed (or averaged) across ranks; no rows where it holds none."""
+        summed (or averaged) across ranks; no rows where it holds none.
+        A sparse gradient (an `Embedding`'s) stays sparse: every rank's rows
+        are gathered as at stage 0 and each holder keeps those in its rows,
+        so the optimizer updates what it would on one process."""
         state = self.state
-        wire_op, prescale, postscale, compress, decompress = self.reduction
-        dense, contexts = {}, {}
+        reduction = self.reduction
+        dense, contexts, sparse = {}, {}, {}
         for p, dy, h in zip(positions, upstream, held):
             if dy is None:
                 dy = tf.zeros(state.variables[p].shape, h.dtype)
-            compressed, contexts[p] = compress(_as_rows(tf.convert_to_tensor(dy)))
+            if self._stays_sparse(dy):
+                sparse[p] = dy
+                continue
+            compressed, contexts[p] = reduction.compress(_as_rows(tf.convert_to_tensor(dy)))
             dense[p] = compressed
-        units, owner_of = state.units(dense)
-        name = f"{state.name}_param_grads{suffix}"
-        with fixed_collective_names():
-            mine = reduce_scatter_to_owners(units, owner_of, state.rank, state.world_size, name,
-                                            wire_op, prescale, postscale, state.process_set)
-        grads = []
+        mine: Dict[Tuple[int, int], tf.Tensor] = {}
+        if dense:
+            units, owner_of = state.units(dense)
+            with fixed_collective_names():
+                mine = reduce_scatter_to_owners(
+                    units, owner_of, state.rank, state.world_size,
+                    f"{state.name}_param_grads{suffix}", reduction.wire_op, reduction.prescale,
+                    reduction.postscale, state.process_set)
+        gathered: Dict[int, tf.IndexedSlices] = {}
+        if sparse:
+            with fixed_collective_names():
+                gathered = dict(zip(sparse, reduce_slices(
+                    list(sparse.values()), reduction.wire_op, reduction.prescale,
+                    reduction.postscale, reduction.compress, reduction.decompress,
+                    f"{state.name}_param_sparse{suffix}",
+                    process_sets.view(state.process_set))))
+        grads: List[Any] = []
         for p, h in zip(positions, held):
+            begin, end = self.rows(p, state.rank)
             key = (p, -1) if state.owners[p] == state.rank else (p, state.rank)
-            if key in mine:
-                grads.append(tf.reshape(decompress(mine[key], contexts[p]), tf.shape(h)))
+            if p in gathered and end > begin:
+                grads.append(rows_of_slices(gathered[p], begin, end))
+            elif key in mine:
+                grads.append(tf.reshape(reduction.decompress(mine[key], contexts[p]), tf.shape(h)))
             else:
                 grads.append(tf.zeros_like(h))
         return grads
+
+    def _stays_sparse(self, gradient: Any) -> bool:
+        """Whether a gradient travels as gathered rows (as at stages 0-2)."""
+        return (isinstance(gradient, tf.IndexedSlices) and not self.reduction.sparse_as_dense
+                and not kernels.in_xla())
 
     @contextlib.contextmanager
     def gathered_weights(self) -> Iterator[None]:

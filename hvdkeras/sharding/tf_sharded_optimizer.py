@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 import tensorflow as tf
 
 from hvdkeras.collectives.reduction import grouped_allreduce
+from hvdkeras.collectives.sparse import rows_of_slices
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import broadcast_from_owners
 from hvdkeras.sharding.sharded_optimizer import ShardedOptimizerMixin
@@ -92,15 +93,10 @@ class TFShardedMixin(ShardedOptimizerMixin):
                                                 0))
 
     def _hvdkeras_rows(self, gradient: Any, begin: int, end: int) -> Any:
-        """Rows [begin, end) of a dense gradient or of `tf.IndexedSlices` (its
-        entries in those rows, renumbered from 0; repeats kept)."""
+        """Rows [begin, end) of a dense gradient or of `tf.IndexedSlices`."""
         if not isinstance(gradient, tf.IndexedSlices):
             return gradient[begin:end]
-        inside = tf.logical_and(gradient.indices >= begin, gradient.indices < end)
-        shape = tf.concat([[end - begin], tf.shape(gradient.values, out_type=tf.int64)[1:]], 0)
-        return tf.IndexedSlices(tf.boolean_mask(gradient.values, inside),
-                                tf.boolean_mask(gradient.indices, inside) - begin,
-                                dense_shape=tf.cast(shape, gradient.indices.dtype))
+        return rows_of_slices(gradient, begin, end)
 
     def _hvdkeras_sum_across(self, value: Any, name: str) -> Any:
         """`value` summed over the ranks that share the state."""

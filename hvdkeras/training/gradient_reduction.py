@@ -17,10 +17,9 @@ from typing import AbstractSet, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from hvdkeras.collectives.common import scale_values
 from hvdkeras.collectives.kernels import in_xla
 from hvdkeras.collectives.reduction import grouped_allreduce
-from hvdkeras.collectives.sparse import gather_slices, sparse_scale
+from hvdkeras.collectives.sparse import reduce_slices
 from hvdkeras.engine import buckets, process_sets, world
 from hvdkeras.engine.process_sets import ProcessSet, SetView, global_process_set
 from hvdkeras.engine.types import Adasum, Average, Max, Min, Product, Sum
@@ -233,13 +232,8 @@ def reduce_indexed_slices(slices: List[tf.IndexedSlices], settings: ReductionSet
     """
     wire_op, prescale, postscale = scale_factors(
         settings.op, settings.gradient_predivide_factor, ps.size)
-    scale = sparse_scale(wire_op, prescale, postscale, ps.size)
-    packed = [settings.compression.compress(s.values) for s in slices]
-    gathered = gather_slices([tf.IndexedSlices(p[0], s.indices, dense_shape=s.dense_shape)
-                              for s, p in zip(slices, packed)], name, ps.set_id)
-    return [tf.IndexedSlices(scale_values(settings.compression.decompress(g.values, p[1]), scale),
-                             g.indices, dense_shape=g.dense_shape)
-            for g, p in zip(gathered, packed)]
+    return reduce_slices(slices, wire_op, prescale, postscale, settings.compression.compress,
+                         settings.compression.decompress, name, ps)
 
 
 def _scale_local(gradient, size: int):

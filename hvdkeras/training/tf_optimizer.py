@@ -30,7 +30,7 @@ from hvdkeras.engine import process_sets
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, shard_holder
 from hvdkeras.sharding.state import ShardState
-from hvdkeras.sharding.tf_parameters import ShardedParameterMixin, ShardedParameters
+from hvdkeras.sharding.tf_parameters import ShardedParameterMixin, ShardedParameters, Reduction
 from hvdkeras.sharding.tf_sharded_optimizer import TFShardedMixin
 from hvdkeras.training import guards
 from hvdkeras.training.gradient_reduction import (ReductionSettings, reduce_gradients,
@@ -152,9 +152,9 @@ def _shard(optimizer: Any, zero_stage: int, settings: ReductionSettings) -> None
         wire_op, prescale, postscale = scale_factors(settings.op,
                                                      settings.gradient_predivide_factor, ps.size)
         holder._hvdkeras_parameters = ShardedParameters(
-            holder._hvdkeras_shards, (wire_op, prescale, postscale,
-                                      settings.compression.compress,
-                                      settings.compression.decompress))
+            holder._hvdkeras_shards,
+            Reduction(wire_op, prescale, postscale, settings.compression.compress,
+                      settings.compression.decompress, settings.sparse_as_dense))
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str], compression: Compressor,
