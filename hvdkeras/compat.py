@@ -20,6 +20,8 @@ TensorFlow, Keras and PyTorch themselves, lazily).
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Any, Dict, Iterable, Optional, Tuple
 
@@ -292,3 +294,37 @@ def stateless_value(variable: Any) -> Optional[Any]:
 def autocast_value(variable: Any, value: Any) -> Any:
     """`value` cast as Keras casts `variable`'s reads under a mixed policy."""
     return variable._maybe_autocast(value)
+
+
+def torch_symbolic_device() -> bool:
+    """Whether Keras's torch backend is inferring shapes (its device is then
+    torch's "meta" device, where Keras's variables read as empty stand-ins;
+    `keras.src.backend.torch.core.get_device`, Keras 3.15)."""
+    from keras.src.backend.torch.core import get_device  # lazy: Keras internal, torch only
+
+    return str(get_device()) == "meta"
+
+
+_TORCH_TRACKING = ("_track_variables", "_post_track_variable")
+
+
+def keras_torch_tracking_read() -> bool:
+    """Whether the variable read now running is Keras's torch layer
+    registering its variables as module parameters (`TorchLayer.
+    _track_variables` and `_post_track_variable` in
+    keras/src/backend/torch/layer.py, Keras 3.15, which store
+    `variable.value`). A model's own parameters are registered lazily, at
+    its first `parameters()` call, which may come after ZeRO stage 3 has
+    sharded the weights: such a read must get the parameter holding the
+    rows (Note [sharded parameters under torch]), not a whole gathered copy
+    that torch would keep as a new parameter."""
+    frame = sys._getframe(2)  # the caller of the variable's `value`
+    for _ in range(3):  # the comprehension, the method, no further
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in _TORCH_TRACKING and code.co_filename.endswith(
+                os.path.join("torch", "layer.py")):
+            return True
+        frame = frame.f_back
+    return False

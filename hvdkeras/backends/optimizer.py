@@ -95,6 +95,10 @@ class _TorchDistributedMixin(AroundShardsMixin):
         if holder is None or holder._hvdkeras_shards.stage < 2:
             return reduce_gradients(grads, variables, self._hvdkeras_settings,
                                     self._hvdkeras_local_ids)
+        if holder._hvdkeras_shards.stage == 3:
+            return sharded_optimizer.held_gradients(grads, variables, self._hvdkeras_settings,
+                                                    self._hvdkeras_local_ids, holder,
+                                                    loss_scaled=holder is not self)
         return sharded_optimizer.reduce_to_owners(grads, variables, self._hvdkeras_settings,
                                                   self._hvdkeras_local_ids, holder,
                                                   loss_scaled=holder is not self)
@@ -287,9 +291,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set
-    if zero_stage == 3:
-        raise ValueError(f"zero_stage=3 (sharded weights) runs under the TensorFlow backend "
-                         f"only so far, not {keras.backend.backend()}; use zero_stage=2 here "
+    if zero_stage == 3 and keras.backend.backend() != "torch":
+        raise ValueError(f"zero_stage=3 (sharded weights) runs under the TensorFlow and torch "
+                         f"backends, not {keras.backend.backend()}; use zero_stage=2 here "
                          "(sharded optimizer state and gradients).")
     accumulator = None
     if backward_passes_per_step > 1 and zero_stage:
@@ -315,4 +319,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     _untracked(optimizer, "_hvdkeras_backward_decided", False)
     _untracked(optimizer, "_hvdkeras_accumulator", accumulator)
     optimizer._hvdkeras_local_ids = set()
+    if zero_stage == 3:
+        sharded_optimizer.shard_parameters(optimizer, optimizer._hvdkeras_settings)
     return optimizer

@@ -43,7 +43,29 @@ from hvdkeras.sharding.state import ShardState
 
 
 class BackendShardedMixin(ShardedOptimizerMixin):
-    """The sharded optimizer's tensor work under torch and JAX."""
+    """The sharded optimizer's tensor work under torch and JAX (at stage 3,
+    under torch, with the model's weights sharded too: Note [sharded
+    parameters under torch])."""
+
+    _hvdkeras_parameters: Any = None
+
+    def _hvdkeras_before_build(self, built_for: List[Any]) -> List[Any]:
+        if self._hvdkeras_parameters is None:
+            return built_for
+        return self._hvdkeras_parameters.make_holdings(built_for)
+
+    def _hvdkeras_after_build(self) -> None:
+        if self._hvdkeras_parameters is not None:
+            self._hvdkeras_parameters.take_over()
+
+    def _hvdkeras_held(self, p: int, gradient: Any, variable: Any):
+        if self._hvdkeras_parameters is None:
+            return super()._hvdkeras_held(p, gradient, variable)
+        # Stage 3: the gradient is the rows this rank holds.
+        holding = self._hvdkeras_parameters.holdings.get(p)
+        if holding is None:  # a local variable: every rank keeps it whole
+            return super()._hvdkeras_held(p, gradient, variable)
+        return gradient, holding
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         state = self._hvdkeras_shards
@@ -64,6 +86,11 @@ class BackendShardedMixin(ShardedOptimizerMixin):
         self._iterations.assign_add(1)
 
     def _hvdkeras_after_update(self) -> None:
+        if self._hvdkeras_parameters is not None:
+            # Stage 3: each rank keeps its rows; whole values gathered before
+            # the update are stale now.
+            self._hvdkeras_parameters.forget_gathered()
+            return
         self._hvdkeras_share_weights()
 
     def _hvdkeras_share_weights(self) -> None:
@@ -107,6 +134,45 @@ def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:
     ps = process_sets.view(process_set)
     holder._hvdkeras_shards = ShardState(ps.set_rank, ps.size, f"{name}_zero", process_set,
                                          zero_stage, can_split=True)
+
+
+def shard_parameters(optimizer: Any, settings: Dict[str, Any]) -> None:
+    """ZeRO stage 3 under torch: the model's weights are sharded when the
+    optimizer is built (Note [sharded parameters under torch])."""
+    holder = shard_holder(optimizer)
+    # Lazy: the torch binding, present under that backend only.
+    parameters = importlib.import_module("hvdkeras.backends.torch.parameters")
+    scaling = reduction_scaling(settings, holder._hvdkeras_shards.world_size)
+    holder._hvdkeras_parameters = parameters.TorchShardedParameters(
+        holder._hvdkeras_shards, settings, scaling)
+
+
+def held_gradients(grads: Sequence[Any], variables: Sequence[Any], settings: Dict[str, Any],
+                   local_ids: Set[int], holder: Any, loss_scaled: bool) -> List[Any]:
+    """Stage 3's gradients: those the backward pass already reduced to their
+    holders (Note [sharded parameters under torch]) pass through, the rest
+    (local variables; every gradient of a step that began before the
+    weights were sharded) go stage 2's way. None where this rank holds no
+    rows (or, under loss scaling, the flag of every rank's finiteness)."""
+    state: ShardState = holder._hvdkeras_shards
+    if not holder.built:
+        holder.build(list(variables))
+    arrived = holder._hvdkeras_parameters.take_arrived()
+    positions = [state.position(v) for v in variables]
+    grads = list(grads)
+    result = reduce_to_owners([None if positions[i] in arrived else g
+                               for i, g in enumerate(grads)],
+                              variables, settings, local_ids, holder, loss_scaled=False)
+    for i, p in enumerate(positions):
+        if p in arrived and grads[i] is not None:
+            result[i] = grads[i] if state.keeps(p) else None
+    if loss_scaled:
+        present = [i for i, g in enumerate(grads) if g is not None]
+        flag = _finite_everywhere_flag([result[i] for i in present if result[i] is not None],
+                                       state)
+        result = [flag if i in present and result[i] is None else g
+                  for i, g in enumerate(result)]
+    return result
 
 
 def step_scope(optimizer: Any) -> ContextManager[None]:

@@ -14,7 +14,8 @@ from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Adasum
 
 
-def check_zero_stage(zero_stage: int, op: int, process_set: ProcessSet, optimizer: Any) -> None:
+def check_zero_stage(zero_stage: int, op: int, process_set: ProcessSet, optimizer: Any,
+                     backward_passes_per_step: int = 1) -> None:
     """Raises ValueError, naming the fix, when `DistributedOptimizer(optimizer,
     zero_stage=...)` cannot shard this optimizer's state (every backend)."""
     if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
@@ -41,3 +42,7 @@ def check_zero_stage(zero_stage: int, op: int, process_set: ProcessSet, optimize
         raise ValueError("zero_stage=3 does not keep an EMA of the weights yet (the average "
                          "would be overwritten into weights each rank holds in part). Use "
                          "zero_stage=2 with use_ema=True, or turn the EMA off.")
+    if zero_stage == 3 and backward_passes_per_step > 1:
+        raise ValueError("zero_stage=3 does not accumulate gradients over several passes yet "
+                         "(backward_passes_per_step > 1); use Keras's "
+                         "gradient_accumulation_steps, or zero_stage=2.")

@@ -204,6 +204,15 @@ class ShardState:
                           for i, v in enumerate(self.variables)]
         return self.built_for
 
+    def held_rows(self, position: int, rank: int) -> Tuple[int, int]:
+        """Rows [begin, end) of variable `position` that `rank` holds: all of
+        a whole variable on its owner, a piece's rows, else none (at stage 3,
+        where the weights themselves are sharded: Note [sharded parameters])."""
+        if self.owners[position] == rank:
+            return 0, variable_rows(self.variables[position])
+        piece = self.piece_of(position, rank)
+        return (piece.begin, piece.end) if piece is not None else (0, 0)
+
     def keeps(self, position: int) -> bool:
         """Whether this rank holds the real state of `position` (or of a piece of it)."""
         owner = self.owners[position]

@@ -95,12 +95,7 @@ class ShardedParameters:
 
     def rows(self, p: int, rank: int) -> Tuple[int, int]:
         """Rows [begin, end) of variable `p` that `rank` holds."""
-        state = self.state
-        total = variable_rows(state.variables[p])
-        if state.owners[p] == rank:
-            return 0, total
-        piece = state.piece_of(p, rank)
-        return (piece.begin, piece.end) if piece is not None else (0, 0)
+        return self.state.held_rows(p, rank)
 
     def make_holdings(self, built_for: List[Any]) -> List[Any]:
         """Plain variables for the rows this rank holds, set from rank 0's

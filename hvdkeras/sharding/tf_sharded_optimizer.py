@@ -52,7 +52,10 @@ class TFShardedMixin(ShardedOptimizerMixin):
         if self._hvdkeras_parameters is None:
             return super()._hvdkeras_held(p, gradient, variable)
         # Stage 3: the gradient arrives as the rows held (Note [sharded parameters]).
-        return gradient, self._hvdkeras_parameters.holdings[p]
+        holding = self._hvdkeras_parameters.holdings.get(p)
+        if holding is None:  # a local variable: every rank keeps it whole
+            return super()._hvdkeras_held(p, gradient, variable)
+        return gradient, holding
 
     def _hvdkeras_after_update(self) -> None:
         """Shares the updated weights (on update steps, when Keras accumulates)."""

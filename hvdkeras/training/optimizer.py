@@ -183,7 +183,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     _check_arguments(backward_passes_per_step, average_aggregated_gradients)
     implementation = _implementation()
     optimizer = _keras_optimizer(optimizer, implementation)
-    check_zero_stage(zero_stage, op, process_set, optimizer)
+    check_zero_stage(zero_stage, op, process_set, optimizer, backward_passes_per_step)
     return implementation.DistributedOptimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step,

@@ -183,9 +183,6 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str], compression: Compr
                                                average_aggregated_gradients)
         if optimizer.built:
             accumulator.build(compat.optimizer_variables_built_for(optimizer))
-    if zero_stage == 3 and backward_passes_per_step > 1:
-        raise ValueError("zero_stage=3 does not accumulate gradients over several passes yet "
-                         "(backward_passes_per_step > 1); use zero_stage=2 for that.")
     if zero_stage:
         _shard(optimizer, zero_stage, settings)
     optimizer.__class__ = compat.with_mixin(_DistributedOptimizerMixin, type(optimizer))

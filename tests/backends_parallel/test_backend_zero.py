@@ -1,8 +1,10 @@
 """Sharded optimizer state (`zero_stage` 1 and 2) under KERAS_BACKEND=torch
-and jax: `model.fit` on N ranks equals one process on the same global
-batches, each rank keeps full-size slots for its own variables only, a
-checkpoint is a normal file equal to the unsharded optimizer's state, and
-resuming restores every rank's shard exactly.
+and jax, and sharded weights (`zero_stage=3`) under torch: `model.fit` on N
+ranks equals one process on the same global batches, each rank keeps
+full-size slots for its own variables only (at stage 3 its rows of the
+weights and their slots), a checkpoint is a normal file equal to the
+unsharded optimizer's state, and resuming restores every rank's shard
+exactly.
 
 Runs at 2 and 3 ranks (tests/test_backends.py).
 """
@@ -17,7 +19,7 @@ import hvdkeras as hvd
 from test_backend_training import GLOBAL_BATCH, data, distributed, make_model, my_slice, \
     reference, weights
 
-STAGES = [1, 2]
+STAGES = [1, 2] + ([3] if keras.backend.backend() == "torch" else [])
 OPTIMIZERS = {
     "adam": lambda: keras.optimizers.Adam(0.01),
     "adamw_global_clipnorm": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01,
@@ -62,9 +64,17 @@ def holder_of(optimizer):
     return getattr(optimizer, "inner_optimizer", optimizer)
 
 
+def skip_passes_at_stage_three(stage, passes):
+    if stage == 3 and passes > 1:
+        pytest.skip("zero_stage=3 refuses backward_passes_per_step > 1 "
+                    "(test_what_cannot_be_sharded_here_is_named)")
+
+
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_fit_equals_one_process_and_saves_the_whole_state(kind, stage, tmp_path):
+    if stage == 3 and kind == "adam_ema":
+        pytest.skip("zero_stage=3 refuses an EMA (test_what_cannot_be_sharded_here_is_named)")
     model, _ = distributed(OPTIMIZERS[kind](), zero_stage=stage)
     expected = reference(OPTIMIZERS[kind]())
     assert_close(weights(model), weights(expected), f"{kind} weights")
@@ -76,6 +86,8 @@ def test_fit_equals_one_process_and_saves_the_whole_state(kind, stage, tmp_path)
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_each_rank_keeps_full_slots_for_its_own_variables_only(stage):
+    if stage == 3:
+        pytest.skip("stage 3 cuts even this model (test_stage_three_holds_rows_of_each_weight)")
     model, _ = distributed(keras.optimizers.Adam(0.01), zero_stage=stage)
     holder = holder_of(model.optimizer)
     owners = holder._hvdkeras_shards.owners
@@ -114,6 +126,7 @@ def _compiled(stage, passes=1):
 def test_checkpoint_resume_continues_exactly(stage, passes, tmp_path):
     """With two passes per update, an epoch's 4 batches are 2 whole windows,
     so a run resumed at an epoch boundary continues exactly."""
+    skip_passes_at_stage_three(stage, passes)
     if GLOBAL_BATCH % hvd.size():
         pytest.skip(f"{GLOBAL_BATCH} does not split over {hvd.size()} ranks")
     directory = str(tmp_path / f"ckpt{stage}")
@@ -163,6 +176,7 @@ def test_a_rank_that_owns_nothing_keeps_in_step(stage, passes):
 
     if GLOBAL_BATCH % hvd.size():
         pytest.skip(f"{GLOBAL_BATCH} does not split over {hvd.size()} ranks")
+    skip_passes_at_stage_three(stage, passes)
     accumulating = {"gradient_accumulation_steps": passes} if passes > 1 else {}
     got = one_variable_fit(hvd.DistributedOptimizer(make(), zero_stage=stage,
                                                     backward_passes_per_step=passes,
@@ -201,8 +215,15 @@ def test_local_variables_stay_local(stage):
 def test_what_cannot_be_sharded_here_is_named():
     with pytest.raises(ValueError, match="zero_stage must be 0, 1, 2 or 3"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=4)
-    with pytest.raises(ValueError, match="zero_stage=3 .* TensorFlow backend only"):
-        hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=3)
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match="EMA"):
+            hvd.DistributedOptimizer(keras.optimizers.Adam(use_ema=True), zero_stage=3)
+        with pytest.raises(ValueError, match="backward_passes_per_step"):
+            hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=3,
+                                     backward_passes_per_step=2)
+    else:
+        with pytest.raises(ValueError, match="zero_stage=3 .* TensorFlow and torch backends"):
+            hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=3)
     with pytest.raises(ValueError, match="Adasum"):
         hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1, op=hvd.Adasum)
     built = keras.optimizers.Adam()
@@ -220,6 +241,7 @@ def test_backward_passes_with_sharded_state_equal_one_process_accumulating(stage
     passes is the mean at twice the learning rate), and the saved state is
     the plain optimizer's (no sums of passes in it, under JAX where they are
     optimizer variables too)."""
+    skip_passes_at_stage_three(stage, 2)
     model, _ = distributed(keras.optimizers.SGD(0.05, momentum=0.9), zero_stage=stage,
                            backward_passes_per_step=2, average_aggregated_gradients=average)
     expected = reference(keras.optimizers.SGD(0.05 if average else 0.1, momentum=0.9,
@@ -237,6 +259,7 @@ def test_backward_passes_with_sharded_state_equal_one_process_accumulating(stage
 def test_backward_passes_with_sharded_state_clip_the_window_total(stage):
     """Global-norm clipping sees the mean of the window's passes, reduced, as
     Keras's own accumulation does in one process."""
+    skip_passes_at_stage_three(stage, 2)
     def make(**more):
         return keras.optimizers.AdamW(0.01, weight_decay=0.01, global_clipnorm=0.5, **more)
 
@@ -249,6 +272,7 @@ def test_backward_passes_with_sharded_state_clip_the_window_total(stage):
 @pytest.mark.parametrize("stage", STAGES)
 def test_backward_passes_with_sharded_state_move_bytes_on_update_passes_only(stage):
     """4 passes per update over 8 batches reduce as much as 2 single-pass steps."""
+    skip_passes_at_stage_three(stage, 2)
     before = hvd.engine_stats()
     distributed(keras.optimizers.SGD(0.05), epochs=2, zero_stage=stage,
                 backward_passes_per_step=4)
@@ -292,3 +316,73 @@ def test_a_dominant_variable_is_cut_and_gives_stage_zero_results(stage, tmp_path
     assert_close(weights(cut), weights(plain), "cut weights")
     want, got = full_state(plain, tmp_path, f"plain{stage}"), full_state(cut, tmp_path, f"cut{stage}")
     assert_close(got[0] + got[1], want[0] + want[1], "cut saved state")
+
+
+torch_only = pytest.mark.skipif(keras.backend.backend() != "torch",
+                                reason="zero_stage=3 runs under torch and TensorFlow, not JAX")
+
+
+def _wide_fit(zero_stage, steps=3, per_rank=8):
+    """The 96-512-384-10 MLP, Adam, `steps` global batches; every rank starts
+    from the same weights."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(steps * hvd.size() * per_rank, 96)).astype("float32")
+    y = rng.normal(size=(steps * hvd.size() * per_rank, 10)).astype("float32")
+    mine = np.concatenate([np.arange(s * hvd.size() * per_rank + hvd.rank() * per_rank,
+                                     s * hvd.size() * per_rank + (hvd.rank() + 1) * per_rank)
+                           for s in range(steps)])
+    keras.utils.set_random_seed(19)
+    model = keras.Sequential([keras.Input((96,)), keras.layers.Dense(512, activation="relu"),
+                              keras.layers.Dense(384, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3),
+                                                     zero_stage=zero_stage), loss="mse")
+    model.fit(x[mine], y[mine], batch_size=per_rank, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return model
+
+
+@torch_only
+def test_stage_three_holds_rows_of_each_weight_and_gives_stage_zero_bits():
+    """Each weight's rows are held once across the ranks, torch's own
+    parameters are those rows (so the memory is the shard's), the fullest
+    rank holds 1/N + 2% of the weights, and the weights are stage 0's bit
+    for bit (the same units and summation order as stage 2)."""
+    plain = _wide_fit(0)
+    before = hvd.engine_stats()
+    sharded = _wide_fit(3)
+    gathered = (hvd.engine_stats() - before).bytes_gathered
+    variables = sharded.trainable_variables
+    held = [int(v._value.shape[0]) if len(v.shape) else int(v._value.numel()) for v in variables]
+    everyone = hvd.allgather_object(held, name="held_rows")
+    for k, v in enumerate(variables):
+        assert sum(rows[k] for rows in everyone) == (v.shape[0] if len(v.shape) else 1), v.path
+    stored = sum(int(v._value.numel()) for v in variables)
+    assert sum(int(q.numel()) for q in sharded.parameters()) == stored
+    whole = sum(int(np.prod(v.shape)) for v in variables)
+    fullest = max(hvd.allgather_object(stored, name="stored"))
+    assert fullest <= whole * (1 / hvd.size() + 0.02), (fullest, whole)
+    # One gather of every weight per step (3 steps), none after the update.
+    assert gathered == 3 * whole * 4, (gathered, whole)
+    for k, (got, want) in enumerate(zip(weights(sharded), weights(plain))):
+        differ = int(np.sum(got != want))
+        assert differ == 0, f"weight {k}: {differ} entries differ from stage 0's"
+
+
+@torch_only
+def test_stage_three_reads_and_writes_whole_weights():
+    """`get_weights`/`set_weights` see and take whole values on every rank
+    (each keeps its rows), and evaluation reads the weights whole too."""
+    model = _wide_fit(3, steps=1)
+    values = model.get_weights()
+    assert [v.shape for v in values] == [tuple(v.shape) for v in model.weights]
+    for other in hvd.allgather_object([float(np.sum(v)) for v in values], name="sums"):
+        assert other == [float(np.sum(v)) for v in values]
+    new = [np.full(v.shape, 0.01 * (k + 1), "float32") for k, v in enumerate(values)]
+    model.set_weights(new)
+    for got, want in zip(model.get_weights(), new):
+        np.testing.assert_array_equal(got, want)
+    x = np.ones((4, 96), "float32")
+    want = x
+    for kernel, bias in zip(new[0::2], new[1::2]):
+        want = want @ kernel + bias  # every value positive: relu changes nothing
+    np.testing.assert_allclose(model.predict(x, verbose=0), want, rtol=1e-5)

@@ -1,0 +1,298 @@
+"""ZeRO stage 3 under Keras's torch backend: the model's trainable weights
+kept sharded between steps, gathered whole where a step reads them, their
+gradients reduce-scattered to the ranks that hold them.
+
+Note [sharded parameters under torch]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The plan is TensorFlow's (Note [sharded parameters] in
+`hvdkeras/sharding/tf_parameters.py`): the same gather groups, owners and
+row blocks. What differs is how the weights are read:
+
+- Storage. Each model variable's `torch.nn.Parameter` keeps its identity
+  (Keras's layers register it with torch as a module parameter) and has its
+  data replaced by this rank's rows, so `model.parameters()`, the trainer's
+  `zero_grad()` and torch's own memory all see the shard. The optimizer is
+  built on plain Keras variables around the same parameters ("holdings").
+- Reads. torch runs eagerly, so there is no traced graph to cache a gather
+  in. The first read of a variable gathers its whole group (one allgather
+  per dtype, every rank's rows in rank order, inside an autograd function
+  whose backward is the reduce-scatter of the group's gradients to their
+  holders, with stage 2's units and summation order); the other members
+  wait in a cache, and each is taken out of it by its own first read, so a
+  forward pass gathers each group once and nothing whole outlives the pass
+  that read it. An update or an assignment empties the cache.
+- Gradients. The backward pass leaves each holding's reduced rows in its
+  parameter's `.grad`. Keras's trainer then reads `variable.value.grad`: a
+  variable whose gradient has arrived answers that read with its holding
+  parameter, so the trainer hands the optimizer the rows, as TensorFlow's
+  tape does. `DistributedOptimizer.apply` takes them and clears the marks.
+- Registration. A Keras model registers its variables with torch lazily
+  (at its first `parameters()`, which the trainer's `zero_grad()` calls);
+  that read gets the parameter holding the rows
+  (`compat.keras_torch_tracking_read`), so torch never keeps a whole copy.
+
+What may import this module: `hvdkeras.backends.sharded_optimizer` (lazily,
+under the torch backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import keras
+import numpy as np
+import torch
+
+from hvdkeras import compat
+from hvdkeras.backends.sharded_exchange import reduce_scatter_to_owners
+from hvdkeras.backends.torch import ops as torch_ops
+from hvdkeras.engine import process_sets
+from hvdkeras.sharding.plan import REPLICATED, by_dtype
+from hvdkeras.sharding.state import ShardState, answering_to
+
+
+class TorchShardedParameters:
+    """The rows of the model's weights this rank holds under torch, and how
+    to make them whole (Note [sharded parameters under torch]).
+
+    Args:
+        state: The optimizer's shard (its plan is the weights' too).
+        settings: The distributed optimizer's settings (its reduction: op,
+            scale factors, compression).
+        scaling: (op on the wire, prescale, postscale) of the reduction.
+    """
+
+    def __init__(self, state: ShardState, settings: Dict[str, Any],
+                 scaling: Tuple[int, float, float]) -> None:
+        self.state = state
+        self.settings = settings
+        self.scaling = scaling
+        self.holdings: Dict[int, keras.Variable] = {}
+        self.sharded: List[int] = []
+        self.group_of: Dict[int, List[int]] = {}
+        self.whole_values: Optional[Dict[int, np.ndarray]] = None
+        self.waiting: Dict[int, torch.Tensor] = {}
+        self.arrived: Set[int] = set()
+        self.gathers = 0
+
+    # -- taking the weights over ------------------------------------------
+
+    def make_holdings(self, built_for: List[Any]) -> List[Any]:
+        """Cuts each sharded variable's parameter down to this rank's rows of
+        rank 0's values; returns `built_for` with holdings (plain variables
+        around those parameters) in place of the variables it holds rows of.
+        Collective."""
+        state = self.state
+        built_for = list(built_for)
+        self.sharded = [p for p in range(len(state.variables))
+                        if state.owners[p] != REPLICATED]
+        self.group_of = {p: group for group in state.groups for p in group}
+        set_id = process_sets.view(state.process_set).set_id
+        for number, group in enumerate(state.groups):
+            params = [compat.variable_storage(state.variables[p]) for p in group]
+            if state.world_size > 1:  # the weights start as rank 0's
+                torch_ops.broadcast_in_place([q.data for q in params],
+                                             f"{state.name}_take_over_{number}", 0, set_id)
+            for p, param in zip(group, params):
+                begin, end = state.held_rows(p, state.rank)
+                variable = state.variables[p]
+                whole = param.data
+                with torch.no_grad():
+                    # A copy of its own, so the whole tensor's memory is freed.
+                    param.data = (whole if not variable.shape else whole[begin:end]).clone() \
+                        if end > begin else whole.new_empty((0,) + tuple(whole.shape[1:]))
+                if end == begin:
+                    continue
+                holding = answering_to(variable, keras.Variable(
+                    param, trainable=True, name=str(variable.name).split(":")[0]))
+                if p in state.pieces:
+                    state.piece_variables[p] = holding
+                self.holdings[p] = holding
+                built_for[p] = holding
+        state.built_for = built_for
+        return built_for
+
+    def take_over(self) -> None:
+        """Gives each sharded model variable the class that reads it whole."""
+        for p in self.sharded:
+            variable = self.state.variables[p]
+            variable.__class__ = compat.with_mixin(TorchShardedParameterMixin, type(variable))
+            variable._hvdkeras_parameters = self
+
+    # -- reading whole ----------------------------------------------------
+
+    def whole(self, variable: Any) -> torch.Tensor:
+        """The whole value of model variable `variable` (a collective unless
+        inside `gathered_weights`, or cached from its group's gather)."""
+        p = self.state.position(variable)
+        if self.whole_values is not None:
+            return torch.from_numpy(self.whole_values[p])
+        param = compat.variable_storage(variable)
+        if p in self.arrived and param.grad is not None:
+            return param  # the trainer reading `.grad` after the backward pass
+        if p not in self.waiting:
+            self.waiting.update(self._gather(self.group_of[p]))
+        return self.waiting.pop(p)
+
+    def take_arrived(self) -> Set[int]:
+        """The positions whose gradients the backward pass reduced to their
+        holders since the last call; clears the marks and the cache."""
+        arrived, self.arrived = self.arrived, set()
+        self.waiting.clear()
+        return arrived
+
+    def forget_gathered(self) -> None:
+        """Drops whole values kept for reads to come (the weights changed)."""
+        self.waiting.clear()
+
+    def _gather(self, positions: Sequence[int]) -> Dict[int, torch.Tensor]:
+        params = [compat.variable_storage(self.state.variables[p]) for p in positions]
+        self.gathers += 1
+        wholes = _GatherGroup.apply(self, list(positions), *params)
+        return dict(zip(positions, wholes))
+
+    def gather_whole(self, positions: Sequence[int],
+                     held: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """Whole values of `positions` from every rank's rows (`held` are
+        this rank's): one allgather per dtype."""
+        state = self.state
+        set_id = process_sets.view(state.process_set).set_id
+        out: List[Optional[torch.Tensor]] = [None] * len(positions)
+        groups = by_dtype(list(range(len(positions))), lambda k: str(held[k].dtype))
+        for number, members in enumerate(groups.values()):
+            mine = torch.cat([held[k].reshape(-1) for k in members]) if members else None
+            everyone = torch_ops.allgather(mine, f"{state.name}_params_{positions[0]}_{number}",
+                                           set_id)
+            start = 0
+            parts: Dict[int, List[torch.Tensor]] = {k: [] for k in members}
+            for rank in range(state.world_size):
+                for k in members:
+                    size = self._held_elements(positions[k], rank)
+                    parts[k].append(everyone[start:start + size])
+                    start += size
+            for k in members:
+                variable = state.variables[positions[k]]
+                flat = parts[k][0] if len(parts[k]) == 1 else torch.cat(parts[k])
+                out[k] = flat.reshape(tuple(int(d) for d in variable.shape))
+        return out  # type: ignore[return-value]
+
+    def _held_elements(self, p: int, rank: int) -> int:
+        begin, end = self.state.held_rows(p, rank)
+        shape = tuple(int(d) for d in self.state.variables[p].shape)
+        return (end - begin) * int(np.prod(shape[1:], dtype=np.int64)) if shape else end - begin
+
+    def reduce_to_holders(self, positions: Sequence[int], upstream: Sequence[torch.Tensor],
+                          held: Sequence[torch.Size]) -> List[torch.Tensor]:
+        """Each holding's gradient: its rows of the whole gradients, reduced
+        across ranks (stage 2's reduce-scatter); no rows where it holds none."""
+        state = self.state
+        op, prescale, postscale = self.scaling
+        rows = {p: _as_rows(g) for p, g in zip(positions, upstream)}
+        units, owner_of = state.units(rows)
+        mine = reduce_scatter_to_owners(units, owner_of, state.rank, state.world_size,
+                                        f"{state.name}_param_grads_{positions[0]}", op,
+                                        prescale, postscale, state.process_set,
+                                        self.settings["compression"])
+        grads = []
+        for p, shape, dy in zip(positions, held, upstream):
+            key = (p, -1) if state.owners[p] == state.rank else (p, state.rank)
+            grads.append(mine[key].reshape(shape) if key in mine
+                         else torch.zeros(shape, dtype=dy.dtype))
+            self.arrived.add(p)
+        return grads
+
+    # -- whole weights for a block, and writes ----------------------------
+
+    @contextlib.contextmanager
+    def gathered_weights(self) -> Iterator[None]:
+        """Every sharded weight's whole value on every rank for the block, so
+        reads there (a rank-0 save) make no collectives, and a whole value
+        assigned there (a rank-0 load) is what later reads in the block see.
+        Collective: every rank enters it."""
+        if self.whole_values is not None:
+            yield
+            return
+        values: Dict[int, np.ndarray] = {}
+        with torch.no_grad():
+            for group in self.state.groups:
+                held = [compat.variable_storage(self.state.variables[p]).data for p in group]
+                for p, value in zip(group, self.gather_whole(group, held)):
+                    values[p] = value.numpy()
+        self.whole_values = values
+        try:
+            yield
+        finally:
+            self.whole_values = None
+
+    def share_whole_from(self, root: int) -> None:
+        """Inside `gathered_weights`: every rank takes `root`'s whole values
+        (as a rank-0 load left them) and keeps its rows. Collective."""
+        set_id = process_sets.view(self.state.process_set).set_id
+        for number, group in enumerate(self.state.groups):
+            values = [torch.from_numpy(np.ascontiguousarray(self.whole_values[p]))
+                      for p in group]
+            torch_ops.broadcast_in_place(values, f"{self.state.name}_from_root_{number}", root,
+                                         set_id)
+            for p, value in zip(group, values):
+                self.assign_rows(self.state.variables[p], value)
+
+    def assign_rows(self, variable: Any, value: Any) -> None:
+        """Keeps this rank's rows of a whole `value` assigned to `variable`."""
+        p = self.state.position(variable)
+        begin, end = self.state.held_rows(p, self.state.rank)
+        value = keras.ops.convert_to_tensor(value, dtype=variable.dtype)
+        self.forget_gathered()
+        if self.whole_values is not None:  # later reads in the block see it whole
+            self.whole_values[p] = np.array(value.detach().cpu().numpy())
+        param = compat.variable_storage(variable)
+        with torch.no_grad():
+            if end > begin:
+                param.data.copy_(value if not variable.shape else value[begin:end])
+
+
+class _GatherGroup(torch.autograd.Function):
+    """Whole values of a group from the rows each rank holds; the gradient
+    goes back to the holders as a reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, parameters: TorchShardedParameters, positions: List[int],
+                *held: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        ctx.parameters, ctx.positions = parameters, positions
+        ctx.shapes = [h.shape for h in held]
+        return tuple(parameters.gather_whole(positions, [h.detach() for h in held]))
+
+    @staticmethod
+    def backward(ctx, *upstream: torch.Tensor):
+        grads = ctx.parameters.reduce_to_holders(ctx.positions, list(upstream), ctx.shapes)
+        return (None, None, *grads)
+
+
+class TorchShardedParameterMixin:
+    """Placed in front of a model variable's class at stage 3 under torch:
+    reads are whole, writes keep this rank's rows (Note [sharded parameters
+    under torch])."""
+
+    _hvdkeras_parameters: TorchShardedParameters
+
+    @property
+    def value(self):
+        mapped = compat.stateless_value(self)
+        if mapped is not None:
+            return compat.autocast_value(self, mapped)
+        if compat.torch_symbolic_device():
+            # Keras infers shapes on torch's meta device: a stand-in of the
+            # whole shape, as Keras's own variables give there.
+            return torch.empty(tuple(int(d) for d in self.shape),
+                               dtype=compat.variable_storage(self).dtype, device="meta")
+        if compat.keras_torch_tracking_read():
+            return compat.variable_storage(self)
+        return compat.autocast_value(self, self._hvdkeras_parameters.whole(self))
+
+    def _direct_assign(self, value):
+        self._hvdkeras_parameters.assign_rows(self, value)
+
+
+def _as_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """A scalar as one row; other tensors as they are."""
+    return tensor.reshape(1) if tensor.dim() == 0 else tensor
