@@ -269,8 +269,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
             variables by the set's size.
         zero_stage: 1 keeps each variable's optimizer state on one rank (its
             owner updates it and the weights are gathered back); 2 also sends
-            each owner only its own reduced gradients (a reduce-scatter). As
-            under TensorFlow (`docs/memory-scaling.md`). With
+            each owner only its own reduced gradients (a reduce-scatter); 3
+            (torch only) also shards the model's weights. As under
+            TensorFlow (`docs/memory-scaling.md`). With
             `backward_passes_per_step` > 1 each rank sums its passes in
             full-size buffers of its own and reduces once per window.
 

@@ -386,3 +386,28 @@ def test_stage_three_reads_and_writes_whole_weights():
     for kernel, bias in zip(new[0::2], new[1::2]):
         want = want @ kernel + bias  # every value positive: relu changes nothing
     np.testing.assert_allclose(model.predict(x, verbose=0), want, rtol=1e-5)
+
+
+@torch_only
+def test_stage_three_under_torch_compile_equals_stage_zero():
+    """`jit_compile=True` compiles Keras's torch step with `torch.compile`;
+    stage 3's weight reads and gradient reduction run eagerly inside it
+    (`torch.compiler.disable`) and the weights are eager stage 0's, within
+    float rounding (the compiled update may fuse Adam's arithmetic). At 2
+    ranks only: the compilation is most of its cost (about 15 s)."""
+    if hvd.size() != 2:
+        pytest.skip("runs at 2 ranks")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16 * hvd.size(), 6)).astype("float32")
+    y = rng.normal(size=(16 * hvd.size(), 1)).astype("float32")
+    mine = slice(16 * hvd.rank(), 16 * (hvd.rank() + 1))
+    got = {}
+    for stage, compiled in ((0, False), (3, True)):
+        model = make_model(seed=1)
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                         zero_stage=stage),
+                      loss="mse", jit_compile=compiled)
+        model.fit(x[mine], y[mine], batch_size=8, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        got[stage] = weights(model)
+    assert_close(got[3], got[0], "compiled stage 3 against eager stage 0")

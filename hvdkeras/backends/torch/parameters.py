@@ -122,6 +122,10 @@ class TorchShardedParameters:
 
     # -- reading whole ----------------------------------------------------
 
+    # Not traced by torch.compile (`jit_compile=True`): its cache and the
+    # engine's calls are Python state that dynamo would recompile for on
+    # every step; the compiled step calls it as it is.
+    @torch.compiler.disable
     def whole(self, variable: Any) -> torch.Tensor:
         """The whole value of model variable `variable` (a collective unless
         inside `gathered_weights`, or cached from its group's gather)."""
@@ -182,6 +186,7 @@ class TorchShardedParameters:
         shape = tuple(int(d) for d in self.state.variables[p].shape)
         return (end - begin) * int(np.prod(shape[1:], dtype=np.int64)) if shape else end - begin
 
+    @torch.compiler.disable  # as `whole`: Python state, run as it is
     def reduce_to_holders(self, positions: Sequence[int], upstream: Sequence[torch.Tensor],
                           held: Sequence[torch.Size]) -> List[torch.Tensor]:
         """Each holding's gradient: its rows of the whole gradients, reduced
