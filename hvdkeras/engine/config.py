@@ -56,6 +56,10 @@ BACKWARD_OVERLAP = "HVDKERAS_BACKWARD_OVERLAP"
 TORCH_BACKWARD_OVERLAP = "HVDKERAS_TORCH_BACKWARD_OVERLAP"
 # A gradient bucket's size in bytes (hvdkeras/engine/buckets.py).
 BUCKET_BYTES = "HVDKERAS_BUCKET_BYTES"
+# Whether zero_stage=3 under torch gathers the weights again for the backward
+# pass instead of keeping them whole from the forward pass (default 1; Note
+# [sharded parameters under torch] in hvdkeras/backends/torch/parameters.py).
+ZERO3_REGATHER = "HVDKERAS_ZERO3_REGATHER"
 # Note [eager ring segments]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
 # UCX (the transport of the MPICH that mpi4py ships) sends a message of 8 KiB
@@ -296,6 +300,12 @@ def torch_backward_overlap(env: Optional[Mapping[str, str]] = None) -> str:
     if env.get(TORCH_BACKWARD_OVERLAP, "").strip():
         return _parse_auto_switch(env, TORCH_BACKWARD_OVERLAP)
     return _parse_auto_switch(env, BACKWARD_OVERLAP)
+
+
+def zero3_regather(env: Optional[Mapping[str, str]] = None) -> bool:
+    """`HVDKERAS_ZERO3_REGATHER` (default on). The same on every rank: it
+    decides which collectives a step makes."""
+    return parse_bool(os.environ if env is None else env, ZERO3_REGATHER, default=True)
 
 
 def backward_overlap(env: Optional[Mapping[str, str]] = None) -> str:

@@ -361,8 +361,10 @@ def test_stage_three_holds_rows_of_each_weight_and_gives_stage_zero_bits():
     whole = sum(int(np.prod(v.shape)) for v in variables)
     fullest = max(hvd.allgather_object(stored, name="stored"))
     assert fullest <= whole * (1 / hvd.size() + 0.02), (fullest, whole)
-    # One gather of every weight per step (3 steps), none after the update.
-    assert gathered == 3 * whole * 4, (gathered, whole)
+    # Every weight gathered once per step (3 steps) for the forward pass and
+    # once more for the backward pass (it is one group here), none after
+    # the update.
+    assert gathered == 2 * 3 * whole * 4, (gathered, whole)
     for k, (got, want) in enumerate(zip(weights(sharded), weights(plain))):
         differ = int(np.sum(got != want))
         assert differ == 0, f"weight {k}: {differ} entries differ from stage 0's"
@@ -411,3 +413,29 @@ def test_stage_three_under_torch_compile_equals_stage_zero():
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         got[stage] = weights(model)
     assert_close(got[3], got[0], "compiled stage 3 against eager stage 0")
+
+
+@torch_only
+@pytest.mark.parametrize("regather", [True, False], ids=["regather", "keep"])
+def test_stage_three_frees_whole_weights_after_the_forward_pass(regather, monkeypatch):
+    """By default nothing whole outlives the forward pass: the weights that
+    operations saved for the backward pass are gathered again there
+    (HVDKERAS_ZERO3_REGATHER=0 keeps them instead, at one gather a step)."""
+    import torch
+
+    monkeypatch.setenv("HVDKERAS_ZERO3_REGATHER", "1" if regather else "0")
+    model = _wide_fit(3, steps=1)
+    parameters = holder_of(model.optimizer)._hvdkeras_parameters
+    x = torch.ones((4, 96))
+    before = hvd.engine_stats()
+    loss = torch.mean(model(x, training=True) ** 2)
+    whole = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    if regather:  # every weight was gathered whole, and none is alive now
+        assert len(parameters.live) == len(model.trainable_variables)
+        assert [p for ref, p in parameters.live.values() if ref() is not None] == []
+    loss.backward()
+    gathered = (hvd.engine_stats() - before).bytes_gathered
+    assert gathered == (2 if regather else 1) * whole * 4, (gathered, whole)
+    model.optimizer.apply([v.value.grad for v in model.trainable_variables],
+                          model.trainable_variables)
+    assert not parameters.live and not parameters.packed and parameters.hooks is None

@@ -21,6 +21,17 @@ row blocks. What differs is how the weights are read:
   wait in a cache, and each is taken out of it by its own first read, so a
   forward pass gathers each group once and nothing whole outlives the pass
   that read it. An update or an assignment empties the cache.
+- Freed after the forward pass. A whole weight that an operation saves for
+  its backward pass (a matmul keeps its weight) would stay alive until then,
+  so a step would hold every weight whole at its peak. While a step's
+  gathered weights are live, saved-tensor hooks
+  (`torch.autograd.graph.saved_tensors_hooks`) pack such a weight as a
+  token, so the whole tensor is freed once the forward pass is done with
+  it; the backward pass's first unpacking of a token gathers the group
+  again, kept until each of its saved copies has been unpacked (FSDP's
+  resharding after the forward pass). One more allgather per group and
+  step; `HVDKERAS_ZERO3_REGATHER=0` keeps the weights from the forward pass
+  instead (faster, more memory).
 - Gradients. The backward pass leaves each holding's reduced rows in its
   parameter's `.grad`. Keras's trainer then reads `variable.value.grad`: a
   variable whose gradient has arrived answers that read with its holding
@@ -38,6 +49,7 @@ under the torch backend).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import keras
@@ -47,7 +59,7 @@ import torch
 from hvdkeras import compat
 from hvdkeras.backends.sharded_exchange import reduce_scatter_to_owners
 from hvdkeras.backends.torch import ops as torch_ops
-from hvdkeras.engine import process_sets
+from hvdkeras.engine import config, process_sets
 from hvdkeras.sharding.plan import REPLICATED, by_dtype
 from hvdkeras.sharding.state import ShardState, answering_to
 
@@ -75,6 +87,14 @@ class TorchShardedParameters:
         self.waiting: Dict[int, torch.Tensor] = {}
         self.arrived: Set[int] = set()
         self.gathers = 0
+        self.regathering = config.zero3_regather()
+        # While a step's whole weights are live: each by id (with a weak
+        # reference, to tell a reused id), the copies of each weight that
+        # operations saved as tokens, and the regathered values they wait for.
+        self.live: Dict[int, Tuple[Any, int]] = {}
+        self.packed: Dict[int, int] = {}
+        self.refilled: Dict[int, torch.Tensor] = {}
+        self.hooks: Optional[Any] = None
 
     # -- taking the weights over ------------------------------------------
 
@@ -143,30 +163,70 @@ class TorchShardedParameters:
         """The positions whose gradients the backward pass reduced to their
         holders since the last call; clears the marks and the cache."""
         arrived, self.arrived = self.arrived, set()
-        self.waiting.clear()
+        self.forget_gathered()
         return arrived
 
     def forget_gathered(self) -> None:
-        """Drops whole values kept for reads to come (the weights changed)."""
+        """Drops whole values kept for reads to come (the weights changed)
+        and stops packing saved weights as tokens until the next gather."""
         self.waiting.clear()
+        self.live.clear()
+        self.packed.clear()
+        self.refilled.clear()
+        if self.hooks is not None:
+            hooks, self.hooks = self.hooks, None
+            hooks.__exit__(None, None, None)
 
     def _gather(self, positions: Sequence[int]) -> Dict[int, torch.Tensor]:
         params = [compat.variable_storage(self.state.variables[p]) for p in positions]
         self.gathers += 1
         wholes = _GatherGroup.apply(self, list(positions), *params)
+        if self.regathering and torch.is_grad_enabled():
+            for p, whole in zip(positions, wholes):
+                self.live[id(whole)] = (weakref.ref(whole), p)
+            if self.hooks is None:
+                self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+                self.hooks.__enter__()
         return dict(zip(positions, wholes))
 
-    def gather_whole(self, positions: Sequence[int],
-                     held: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        """A saved tensor as autograd keeps it: a whole weight as a token."""
+        ref, p = self.live.get(id(tensor), (None, -1))
+        if ref is None or ref() is not tensor:
+            return tensor
+        self.packed[p] = self.packed.get(p, 0) + 1
+        return _SavedWeight(p)
+
+    def _unpack(self, saved: Any) -> torch.Tensor:
+        """A saved tensor back for the backward pass: a token's weight
+        gathered again (its whole group, once)."""
+        if not isinstance(saved, _SavedWeight):
+            return saved
+        p = saved.position
+        if p not in self.refilled:
+            group = self.group_of[p]
+            held = [compat.variable_storage(self.state.variables[q]).detach() for q in group]
+            with torch.no_grad():
+                values = self.gather_whole(group, held, "regather")
+            self.gathers += 1
+            self.refilled.update({q: v for q, v in zip(group, values) if self.packed.get(q)})
+        value = self.refilled[p]
+        self.packed[p] -= 1
+        if not self.packed[p]:
+            del self.packed[p], self.refilled[p]
+        return value
+
+    def gather_whole(self, positions: Sequence[int], held: Sequence[torch.Tensor],
+                     what: str = "params") -> List[torch.Tensor]:
         """Whole values of `positions` from every rank's rows (`held` are
-        this rank's): one allgather per dtype."""
+        this rank's): one allgather per dtype, named `what` and the group."""
         state = self.state
         set_id = process_sets.view(state.process_set).set_id
         out: List[Optional[torch.Tensor]] = [None] * len(positions)
         groups = by_dtype(list(range(len(positions))), lambda k: str(held[k].dtype))
         for number, members in enumerate(groups.values()):
             mine = torch.cat([held[k].reshape(-1) for k in members]) if members else None
-            everyone = torch_ops.allgather(mine, f"{state.name}_params_{positions[0]}_{number}",
+            everyone = torch_ops.allgather(mine, f"{state.name}_{what}_{positions[0]}_{number}",
                                            set_id)
             start = 0
             parts: Dict[int, List[torch.Tensor]] = {k: [] for k in members}
@@ -254,6 +314,15 @@ class TorchShardedParameters:
         with torch.no_grad():
             if end > begin:
                 param.data.copy_(value if not variable.shape else value[begin:end])
+
+
+class _SavedWeight:
+    """What autograd keeps of a saved whole weight: its position."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int) -> None:
+        self.position = position
 
 
 class _GatherGroup(torch.autograd.Function):
