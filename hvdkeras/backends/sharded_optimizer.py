@@ -47,26 +47,6 @@ class BackendShardedMixin(ShardedOptimizerMixin):
     under torch, with the model's weights sharded too: Note [sharded
     parameters under torch])."""
 
-    _hvdkeras_parameters: Any = None
-
-    def _hvdkeras_before_build(self, built_for: List[Any]) -> List[Any]:
-        if self._hvdkeras_parameters is None:
-            return built_for
-        return self._hvdkeras_parameters.make_holdings(built_for)
-
-    def _hvdkeras_after_build(self) -> None:
-        if self._hvdkeras_parameters is not None:
-            self._hvdkeras_parameters.take_over()
-
-    def _hvdkeras_held(self, p: int, gradient: Any, variable: Any):
-        if self._hvdkeras_parameters is None:
-            return super()._hvdkeras_held(p, gradient, variable)
-        # Stage 3: the gradient is the rows this rank holds.
-        holding = self._hvdkeras_parameters.holdings.get(p)
-        if holding is None:  # a local variable: every rank keeps it whole
-            return super()._hvdkeras_held(p, gradient, variable)
-        return gradient, holding
-
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         state = self._hvdkeras_shards
         model_variables = state.variables

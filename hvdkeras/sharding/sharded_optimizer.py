@@ -35,6 +35,8 @@ class ShardedOptimizerMixin:
     `tf_sharded_optimizer`, torch's and JAX's in `hvdkeras/backends`)."""
 
     _hvdkeras_shards: ShardState
+    # At stage 3 the model's weights, sharded too (a backend's `ShardedWeights`).
+    _hvdkeras_parameters: Any = None
 
     def build(self, variables):
         state = self._hvdkeras_shards
@@ -49,12 +51,17 @@ class ShardedOptimizerMixin:
         self._hvdkeras_after_build()
 
     def _hvdkeras_before_build(self, built_for: List[Any]) -> List[Any]:
-        """The list to build the slots on (a backend that shards the weights
-        too puts the rows it holds in it)."""
-        return built_for
+        """The list to build the slots on (at stage 3 with the rows this rank
+        holds of the weights in place of the model's variables)."""
+        if self._hvdkeras_parameters is None:
+            return built_for
+        return self._hvdkeras_parameters.make_holdings(built_for)
 
     def _hvdkeras_after_build(self) -> None:
-        """Runs once the slots exist."""
+        """Runs once the slots exist: at stage 3 the model's variables start
+        reading their weights whole from the rows the ranks hold."""
+        if self._hvdkeras_parameters is not None:
+            self._hvdkeras_parameters.take_over()
 
     def apply(self, grads, trainable_variables=None):
         state = self._hvdkeras_shards
@@ -79,6 +86,12 @@ class ShardedOptimizerMixin:
 
     def _hvdkeras_held(self, p: int, gradient: Any, variable: Any):
         """The gradient and the variable the update of position `p` uses."""
+        if self._hvdkeras_parameters is not None:
+            # Stage 3: the gradient arrives as the rows held; a local variable
+            # (every rank keeps it whole) has no holding.
+            holding = self._hvdkeras_parameters.holdings.get(p)
+            if holding is not None:
+                return gradient, holding
         if p in self._hvdkeras_shards.piece_variables:
             return self._hvdkeras_piece_step(p, gradient, variable)
         return gradient, variable

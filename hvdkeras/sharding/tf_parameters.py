@@ -40,9 +40,8 @@ What may import this module: `hvdkeras.sharding` and `hvdkeras.training`.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -56,7 +55,8 @@ from hvdkeras.collectives.sparse import reduce_slices, rows_of_slices
 from hvdkeras.engine import process_sets
 from hvdkeras.engine.types import Sum
 from hvdkeras.sharding.exchange import reduce_scatter_to_owners
-from hvdkeras.sharding.plan import REPLICATED, by_dtype
+from hvdkeras.sharding.parameters import ShardedWeights
+from hvdkeras.sharding.plan import by_dtype
 from hvdkeras.sharding.state import ShardState, answering_to, variable_rows
 
 
@@ -72,7 +72,7 @@ class Reduction(NamedTuple):
     sparse_as_dense: bool = False
 
 
-class ShardedParameters:
+class ShardedParameters(ShardedWeights):
     """The rows of the model's weights this rank holds, and how to make
     them whole (Note [sharded parameters]).
 
@@ -82,12 +82,8 @@ class ShardedParameters:
     """
 
     def __init__(self, state: ShardState, reduction: Reduction) -> None:
-        self.state = state
+        super().__init__(state)
         self.reduction = reduction
-        self.holdings: Dict[int, keras.Variable] = {}
-        self.sharded: List[int] = []
-        self.group_of: Dict[int, List[int]] = {}
-        self.whole_values: Optional[Dict[int, np.ndarray]] = None
         self._graphs: "weakref.WeakKeyDictionary[Any, Dict[int, tf.Tensor]]" = (
             weakref.WeakKeyDictionary())
 
@@ -97,34 +93,19 @@ class ShardedParameters:
         """Rows [begin, end) of variable `p` that `rank` holds."""
         return self.state.held_rows(p, rank)
 
-    def make_holdings(self, built_for: List[Any]) -> List[Any]:
-        """Plain variables for the rows this rank holds, set from rank 0's
-        current values (so the weights start as rank 0's, as after the
-        usual broadcast); returns `built_for` with them in place of the
-        model variables and the (empty) piece variables. Collective."""
-        state = self.state
-        built_for = list(built_for)
-        self.sharded = [p for p in range(len(state.variables))
-                        if state.owners[p] != REPLICATED]
-        groups = state.groups
-        self.group_of = {p: group for group in groups for p in group}
-        set_id = process_sets.view(state.process_set).set_id
-        for number, group in enumerate(groups):  # eagerly: never inside a traced step
-            values = [tf.convert_to_tensor(compat.variable_storage(state.variables[p]))
-                      for p in group]
-            if state.world_size > 1:  # one group at a time: bounded memory
-                values = kernels.broadcast(values, 0, f"{state.name}_take_over_{number}", set_id)
-            for p, value in zip(group, values):
-                begin, end = self.rows(p, state.rank)
-                if end == begin:
-                    continue
-                holding = _plain_rows(state.variables[p], value, begin, end)
-                if p in state.pieces:
-                    state.piece_variables[p] = holding
-                self.holdings[p] = holding
-                built_for[p] = holding
-        state.built_for = built_for
-        return built_for
+    def _take_rows(self, number: int, group: Sequence[int]) -> List[Optional[keras.Variable]]:
+        state = self.state  # eagerly: never inside a traced step
+        values = [tf.convert_to_tensor(compat.variable_storage(state.variables[p]))
+                  for p in group]
+        if state.world_size > 1:  # one group at a time: bounded memory
+            set_id = process_sets.view(state.process_set).set_id
+            values = kernels.broadcast(values, 0, f"{state.name}_take_over_{number}", set_id)
+        holdings: List[Optional[keras.Variable]] = []
+        for p, value in zip(group, values):
+            begin, end = self.rows(p, state.rank)
+            holdings.append(_plain_rows(state.variables[p], value, begin, end)
+                            if end > begin else None)
+        return holdings
 
     def take_over(self) -> None:
         """Swaps each sharded model variable's storage for this rank's rows
@@ -257,33 +238,13 @@ class ShardedParameters:
         return (isinstance(gradient, tf.IndexedSlices) and not self.reduction.sparse_as_dense
                 and not kernels.in_xla())
 
-    @contextlib.contextmanager
-    def gathered_weights(self) -> Iterator[None]:
-        """Every sharded weight's whole value on every rank for the block, so
-        reads there (a rank-0 save) make no collectives, and a whole value
-        assigned there (a rank-0 load) is what later reads in the block see.
-        Collective: every rank enters it, eagerly."""
-        if self.whole_values is not None:
-            yield
-            return
-        values = {}
-        for group in self.state.groups:
-            values.update(self._gather(group))
-        self.whole_values = {p: v.numpy() for p, v in values.items()}
-        try:
-            yield
-        finally:
-            self.whole_values = None
+    def _whole_numpy(self, group: Sequence[int]) -> Dict[int, np.ndarray]:
+        return {p: v.numpy() for p, v in self._gather(group).items()}
 
-    def share_whole_from(self, root: int) -> None:
-        """Inside `gathered_weights`: every rank takes `root`'s whole values
-        (as a rank-0 load left them) and keeps its rows. Collective, eager."""
+    def _broadcast_whole(self, group: Sequence[int], root: int, name: str) -> List[Any]:
         set_id = process_sets.view(self.state.process_set).set_id
-        for number, group in enumerate(self.state.groups):
-            values = kernels.broadcast([tf.constant(self.whole_values[p]) for p in group], root,
-                                       f"{self.state.name}_from_root_{number}", set_id)
-            for p, value in zip(group, values):
-                self.assign_rows(self.state.variables[p], value)
+        return kernels.broadcast([tf.constant(self.whole_values[p]) for p in group], root, name,
+                                 set_id)
 
     def assign_rows(self, variable: Any, value: Any) -> None:
         """Keeps this rank's rows of a whole `value` assigned to `variable`."""

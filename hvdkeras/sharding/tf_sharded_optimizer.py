@@ -35,27 +35,12 @@ class TFShardedMixin(ShardedOptimizerMixin):
     _hvdkeras_parameters: Optional[ShardedParameters] = None
 
     def _hvdkeras_before_build(self, built_for: List[Any]) -> List[Any]:
-        if self._hvdkeras_parameters is None:
-            return built_for
-        if tf.inside_function():
+        if self._hvdkeras_parameters is not None and tf.inside_function():
             # Keras builds an optimizer in the first traced step unless
             # something built it before; by then that step has read the
             # weights whole, and its graph would keep reading those copies.
             raise ValueError(BUILD_FIRST_MESSAGE)
-        return self._hvdkeras_parameters.make_holdings(built_for)
-
-    def _hvdkeras_after_build(self) -> None:
-        if self._hvdkeras_parameters is not None:
-            self._hvdkeras_parameters.take_over()
-
-    def _hvdkeras_held(self, p: int, gradient: Any, variable: Any):
-        if self._hvdkeras_parameters is None:
-            return super()._hvdkeras_held(p, gradient, variable)
-        # Stage 3: the gradient arrives as the rows held (Note [sharded parameters]).
-        holding = self._hvdkeras_parameters.holdings.get(p)
-        if holding is None:  # a local variable: every rank keeps it whole
-            return super()._hvdkeras_held(p, gradient, variable)
-        return gradient, holding
+        return super()._hvdkeras_before_build(built_for)
 
     def _hvdkeras_after_update(self) -> None:
         """Shares the updated weights (on update steps, when Keras accumulates)."""

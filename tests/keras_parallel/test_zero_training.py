@@ -170,6 +170,15 @@ def _wide_mlp(optimizer):
     return model
 
 
+def assert_every_stage_equals_stage_zero(weights):
+    """`weights[stage]` of stages 1-3 equal `weights[0]` bit for bit."""
+    for stage in (1, 2, 3):
+        for i, (got, want) in enumerate(zip(weights[stage], weights[0])):
+            differ = int(np.sum(got != want))
+            assert differ == 0, (f"stage {stage}, weight {i}: {differ} of {got.size} entries "
+                                 f"differ from stage 0's, by up to {np.max(np.abs(got - want))}")
+
+
 def test_every_stage_gives_stage_zero_weights_bit_for_bit():
     """Adam over 64 steps amplifies any difference in how the ranks' gradients
     are added: the reduce-scatter (stage 2) must add them as the allreduce
@@ -187,11 +196,7 @@ def test_every_stage_gives_stage_zero_weights_bit_for_bit():
                         batch_size=per_rank)
         weights[stage] = model.get_weights()
     assert_weights_moved([w for w in _wide_mlp("adam").get_weights()], weights[0], "stage 0")
-    for stage in (1, 2, 3):
-        for i, (got, want) in enumerate(zip(weights[stage], weights[0])):
-            differ = int(np.sum(got != want))
-            assert differ == 0, (f"stage {stage}, weight {i}: {differ} of {got.size} entries "
-                                 f"differ from stage 0's, by up to {np.max(np.abs(got - want))}")
+    assert_every_stage_equals_stage_zero(weights)
 
 
 def _embedding_model(optimizer):
@@ -228,11 +233,7 @@ def test_sparse_embedding_gradients_give_stage_zero_weights_at_every_stage():
     start = _embedding_model("adam").get_weights()
     assert_weights_moved(start, weights[0], "stage 0")
     assert np.sum(np.any(start[0] != weights[0][0], axis=1)) <= 40  # only the rows used
-    for stage in (1, 2, 3):
-        for i, (got, want) in enumerate(zip(weights[stage], weights[0])):
-            differ = int(np.sum(got != want))
-            assert differ == 0, (f"stage {stage}, weight {i}: {differ} of {got.size} entries "
-                                 f"differ from stage 0's, by up to {np.max(np.abs(got - want))}")
+    assert_every_stage_equals_stage_zero(weights)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -48,9 +48,8 @@ under the torch backend).
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import keras
 import numpy as np
@@ -60,11 +59,12 @@ from hvdkeras import compat
 from hvdkeras.backends.sharded_exchange import reduce_scatter_to_owners
 from hvdkeras.backends.torch import ops as torch_ops
 from hvdkeras.engine import config, process_sets
-from hvdkeras.sharding.plan import REPLICATED, by_dtype
+from hvdkeras.sharding.parameters import ShardedWeights
+from hvdkeras.sharding.plan import by_dtype
 from hvdkeras.sharding.state import ShardState, answering_to
 
 
-class TorchShardedParameters:
+class TorchShardedParameters(ShardedWeights):
     """The rows of the model's weights this rank holds under torch, and how
     to make them whole (Note [sharded parameters under torch]).
 
@@ -77,13 +77,9 @@ class TorchShardedParameters:
 
     def __init__(self, state: ShardState, settings: Dict[str, Any],
                  scaling: Tuple[int, float, float]) -> None:
-        self.state = state
+        super().__init__(state)
         self.settings = settings
         self.scaling = scaling
-        self.holdings: Dict[int, keras.Variable] = {}
-        self.sharded: List[int] = []
-        self.group_of: Dict[int, List[int]] = {}
-        self.whole_values: Optional[Dict[int, np.ndarray]] = None
         self.waiting: Dict[int, torch.Tensor] = {}
         self.arrived: Set[int] = set()
         self.gathers = 0
@@ -98,40 +94,29 @@ class TorchShardedParameters:
 
     # -- taking the weights over ------------------------------------------
 
-    def make_holdings(self, built_for: List[Any]) -> List[Any]:
-        """Cuts each sharded variable's parameter down to this rank's rows of
-        rank 0's values; returns `built_for` with holdings (plain variables
-        around those parameters) in place of the variables it holds rows of.
-        Collective."""
+    def _take_rows(self, number: int, group: Sequence[int]) -> List[Optional[keras.Variable]]:
+        """Cuts each parameter of the group down to this rank's rows of rank
+        0's values, in place (the parameter keeps its identity); the
+        holdings are plain variables around those parameters."""
         state = self.state
-        built_for = list(built_for)
-        self.sharded = [p for p in range(len(state.variables))
-                        if state.owners[p] != REPLICATED]
-        self.group_of = {p: group for group in state.groups for p in group}
-        set_id = process_sets.view(state.process_set).set_id
-        for number, group in enumerate(state.groups):
-            params = [compat.variable_storage(state.variables[p]) for p in group]
-            if state.world_size > 1:  # the weights start as rank 0's
-                torch_ops.broadcast_in_place([q.data for q in params],
-                                             f"{state.name}_take_over_{number}", 0, set_id)
-            for p, param in zip(group, params):
-                begin, end = state.held_rows(p, state.rank)
-                variable = state.variables[p]
-                whole = param.data
-                with torch.no_grad():
-                    # A copy of its own, so the whole tensor's memory is freed.
-                    param.data = (whole if not variable.shape else whole[begin:end]).clone() \
-                        if end > begin else whole.new_empty((0,) + tuple(whole.shape[1:]))
-                if end == begin:
-                    continue
-                holding = answering_to(variable, keras.Variable(
-                    param, trainable=True, name=str(variable.name).split(":")[0]))
-                if p in state.pieces:
-                    state.piece_variables[p] = holding
-                self.holdings[p] = holding
-                built_for[p] = holding
-        state.built_for = built_for
-        return built_for
+        params = [compat.variable_storage(state.variables[p]) for p in group]
+        if state.world_size > 1:  # the weights start as rank 0's
+            set_id = process_sets.view(state.process_set).set_id
+            torch_ops.broadcast_in_place([q.data for q in params],
+                                         f"{state.name}_take_over_{number}", 0, set_id)
+        holdings: List[Optional[keras.Variable]] = []
+        for p, param in zip(group, params):
+            begin, end = state.held_rows(p, state.rank)
+            variable = state.variables[p]
+            whole = param.data
+            with torch.no_grad():
+                # A copy of its own, so the whole tensor's memory is freed.
+                param.data = (whole if not variable.shape else whole[begin:end]).clone() \
+                    if end > begin else whole.new_empty((0,) + tuple(whole.shape[1:]))
+            holdings.append(answering_to(variable, keras.Variable(
+                param, trainable=True, name=str(variable.name).split(":")[0]))
+                if end > begin else None)
+        return holdings
 
     def take_over(self) -> None:
         """Gives each sharded model variable the class that reads it whole."""
@@ -269,38 +254,16 @@ class TorchShardedParameters:
 
     # -- whole weights for a block, and writes ----------------------------
 
-    @contextlib.contextmanager
-    def gathered_weights(self) -> Iterator[None]:
-        """Every sharded weight's whole value on every rank for the block, so
-        reads there (a rank-0 save) make no collectives, and a whole value
-        assigned there (a rank-0 load) is what later reads in the block see.
-        Collective: every rank enters it."""
-        if self.whole_values is not None:
-            yield
-            return
-        values: Dict[int, np.ndarray] = {}
+    def _whole_numpy(self, group: Sequence[int]) -> Dict[int, np.ndarray]:
+        held = [compat.variable_storage(self.state.variables[p]).data for p in group]
         with torch.no_grad():
-            for group in self.state.groups:
-                held = [compat.variable_storage(self.state.variables[p]).data for p in group]
-                for p, value in zip(group, self.gather_whole(group, held)):
-                    values[p] = value.numpy()
-        self.whole_values = values
-        try:
-            yield
-        finally:
-            self.whole_values = None
+            return {p: value.numpy() for p, value in zip(group, self.gather_whole(group, held))}
 
-    def share_whole_from(self, root: int) -> None:
-        """Inside `gathered_weights`: every rank takes `root`'s whole values
-        (as a rank-0 load left them) and keeps its rows. Collective."""
-        set_id = process_sets.view(self.state.process_set).set_id
-        for number, group in enumerate(self.state.groups):
-            values = [torch.from_numpy(np.ascontiguousarray(self.whole_values[p]))
-                      for p in group]
-            torch_ops.broadcast_in_place(values, f"{self.state.name}_from_root_{number}", root,
-                                         set_id)
-            for p, value in zip(group, values):
-                self.assign_rows(self.state.variables[p], value)
+    def _broadcast_whole(self, group: Sequence[int], root: int, name: str) -> List[Any]:
+        values = [torch.from_numpy(np.ascontiguousarray(self.whole_values[p])) for p in group]
+        torch_ops.broadcast_in_place(values, name, root,
+                                     process_sets.view(self.state.process_set).set_id)
+        return values
 
     def assign_rows(self, variable: Any, value: Any) -> None:
         """Keeps this rank's rows of a whole `value` assigned to `variable`."""
