@@ -6,6 +6,8 @@
     python examples/zero_benchmark.py --model Embedding --ranks 4   # a 50000x64 table
     python examples/zero_benchmark.py --model Wide340M --ranks 1,4 --stages 0,3 --steps 10
     KERAS_BACKEND=torch python examples/zero_benchmark.py --ranks 2   # or jax (stages 0-2 there)
+    sudo python scripts/netlab.py --name zero up --hosts 2 --rate 1gbit
+    KERAS_BACKEND=torch python examples/zero_benchmark.py --lab zero --ranks 2 --stages 0,3
 
 For each rank count and each stage it launches one job (hvdkerasrun), trains
 the model through model.fit on synthetic data with Adam, and prints one
@@ -17,6 +19,8 @@ and every rank trains on the same batch, so the losses of N ranks are one
 process's on that batch). Step times are measured at
 every rank count but mean something only where each rank has a core of its
 own (`--timed-ranks`, default 2); elsewhere the row says "oversubscribed".
+With `--lab NAME` each rank runs on a host of its own of the network-namespace
+lab NAME (scripts/netlab.py), so the gathers cross its links.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2,
                    help="at --timed-ranks, run the stages this many times, interleaved, "
                         "and report the median of the rounds")
+    p.add_argument("--lab", default=None,
+                   help="run one rank on each host of this network-namespace lab "
+                        "(scripts/netlab.py)")
     p.add_argument("--stage", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -168,7 +175,13 @@ def run_worker(args: argparse.Namespace) -> None:
 def launch(args: argparse.Namespace, ranks: int, stage: int, work: str) -> dict:
     out = os.path.join(work, f"np{ranks}-stage{stage}.json")
     steps = args.steps if ranks == args.timed_ranks else 2
-    subprocess.run(["hvdkerasrun", "-np", str(ranks), sys.executable, HERE,
+    if args.lab:
+        import lab_steps  # lazy: the lab's launcher, only with --lab
+        launcher = lab_steps.lab_launcher(args.lab, ",".join(f"h{i}:1" for i in range(ranks)),
+                                          ranks)
+    else:
+        launcher = ["hvdkerasrun", "-np", str(ranks)]
+    subprocess.run([*launcher, sys.executable, HERE,
                     "--model", args.model, "--image-size", str(args.image_size),
                     "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
                     "--steps", str(steps), "--stage", str(stage), "--json", out], check=True)
@@ -184,8 +197,9 @@ def main(argv: List[str]) -> None:
     mib = 2.0 ** 20
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     size = f" {args.image_size}px" if args.model not in OWN_MODELS else ""
+    where = f", one rank per host of lab {args.lab}" if args.lab else ""
     lines = [f"{args.model}{size}, Adam, batch {args.batch_size} per rank, "
-             f"{os.cpu_count()} cores, KERAS_BACKEND={backend}",
+             f"{os.cpu_count()} cores{where}, KERAS_BACKEND={backend}",
              "| ranks | stage | optimizer state, fullest rank MiB | of stage 0 | 1/N | "
              "weights held, fullest rank MiB | peak RSS, largest rank MiB | "
              "RSS vs stage 0 MiB | step ms (median) | step vs stage 0 |",

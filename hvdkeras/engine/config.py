@@ -60,6 +60,13 @@ BUCKET_BYTES = "HVDKERAS_BUCKET_BYTES"
 # pass instead of keeping them whole from the forward pass (default 1; Note
 # [sharded parameters under torch] in hvdkeras/backends/torch/parameters.py).
 ZERO3_REGATHER = "HVDKERAS_ZERO3_REGATHER"
+# Whether zero_stage=3 under torch starts the next gather group's allgather
+# while the current group computes (default 1), and the size of a gather
+# group in bytes (Note [gathers started ahead] in
+# hvdkeras/backends/torch/parameters.py; GATHER_GROUP_BYTES in
+# hvdkeras/sharding/plan.py is the default size).
+ZERO3_PREFETCH = "HVDKERAS_ZERO3_PREFETCH"
+ZERO3_GROUP_BYTES = "HVDKERAS_ZERO3_GROUP_BYTES"
 # Note [eager ring segments]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
 # UCX (the transport of the MPICH that mpi4py ships) sends a message of 8 KiB
@@ -306,6 +313,19 @@ def zero3_regather(env: Optional[Mapping[str, str]] = None) -> bool:
     """`HVDKERAS_ZERO3_REGATHER` (default on). The same on every rank: it
     decides which collectives a step makes."""
     return parse_bool(os.environ if env is None else env, ZERO3_REGATHER, default=True)
+
+
+def zero3_prefetch(env: Optional[Mapping[str, str]] = None) -> bool:
+    """`HVDKERAS_ZERO3_PREFETCH` (default on). May differ between ranks: a
+    gather started ahead carries the name of the one it replaces."""
+    return parse_bool(os.environ if env is None else env, ZERO3_PREFETCH, default=True)
+
+
+def zero3_group_bytes(default: int, env: Optional[Mapping[str, str]] = None) -> int:
+    """`HVDKERAS_ZERO3_GROUP_BYTES`: a stage-3 gather group's size in bytes
+    (`default` when unset). The same on every rank: it decides the plan."""
+    env = os.environ if env is None else env
+    return _parse_int(env, ZERO3_GROUP_BYTES, default, 1, 2**40)
 
 
 def backward_overlap(env: Optional[Mapping[str, str]] = None) -> str:

@@ -123,6 +123,25 @@ def allgather(inputs: Sequence[HostTensor], allocate: Allocate, name: str,
             set_id=set_id)
 
 
+def submit_allgather(inputs: Sequence[HostTensor], name: str, set_id: int = 0,
+                     keep=None) -> requests.Pending:
+    """Starts an allgather of host tensors of one dtype and returns at once.
+    Once `wait()` returns, `shape(i)` and `copy_output(i, address)` of the
+    finished request give output `i` (then release it).
+
+    Example:
+
+    ```python
+    with submit_allgather([tensor], "rows").wait() as done:
+        done.copy_output(0, address_of_room_for(done.shape(0)))
+    ```
+    """
+    dtype = dtype_number(_one_dtype(inputs, "allgather"), "allgather", reducing=False)
+    process_sets.view_by_id(set_id)
+    return requests.submit(requests.ALLGATHER, name, _buffers(inputs), None, dtype,
+                           process_set=set_id, keep=inputs if keep is None else keep)
+
+
 def reducescatter(inputs: Sequence[HostTensor], allocate: Allocate, name: str, op: int = Average,
                   prescale: float = 1.0, postscale: float = 1.0, set_id: int = 0) -> None:
     """Reduces, then gives each rank its rows of the first dimension."""

@@ -41,7 +41,8 @@ import keras
 import numpy as np
 
 from hvdkeras import compat
-from hvdkeras.sharding.plan import REPLICATED, SPLIT
+from hvdkeras.engine import config
+from hvdkeras.sharding.plan import GATHER_GROUP_BYTES, REPLICATED, SPLIT
 from hvdkeras.sharding.split_plan import Piece, plan_in_groups, plan_split
 
 SHARED = -2
@@ -190,7 +191,8 @@ class ShardState:
         rows = [variable_rows(v) for v in self.variables]
         if self.stage == 3:  # each gather group shared out on its own
             self.owners, self.pieces, self.groups = plan_in_groups(
-                sizes, rows, self.world_size, replicated, cuttable)
+                sizes, rows, self.world_size, replicated, cuttable,
+                config.zero3_group_bytes(GATHER_GROUP_BYTES))
         else:
             self.owners, self.pieces = plan_split(sizes, rows, self.world_size, replicated,
                                                   cuttable)

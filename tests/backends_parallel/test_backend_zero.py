@@ -439,3 +439,37 @@ def test_stage_three_frees_whole_weights_after_the_forward_pass(regather, monkey
     model.optimizer.apply([v.value.grad for v in model.trainable_variables],
                           model.trainable_variables)
     assert not parameters.live and not parameters.packed and parameters.hooks is None
+
+
+@torch_only
+def test_stage_three_starts_the_next_gather_ahead_with_the_same_bits(monkeypatch):
+    """With gather groups smaller than the model (HVDKERAS_ZERO3_GROUP_BYTES),
+    each read of a group starts the next group's gather, forward and in the
+    backward pass's regathers: from the second step on every read but each
+    pass's first is answered by a gather started ahead. The same bytes move
+    and the weights are stage 0's bit for bit, also when only rank 0 starts
+    gathers ahead (a gather started ahead has the name of the one it
+    replaces)."""
+    monkeypatch.setenv("HVDKERAS_ZERO3_GROUP_BYTES", "100000")
+    plain = _wide_fit(0)
+    gathered, used = {}, {}
+    for prefetch in ("on", "off", "rank 0 only"):
+        monkeypatch.setenv("HVDKERAS_ZERO3_PREFETCH",
+                           "1" if prefetch == "on" or (prefetch != "off" and hvd.rank() == 0)
+                           else "0")
+        before = hvd.engine_stats()
+        model = _wide_fit(3)
+        gathered[prefetch] = (hvd.engine_stats() - before).bytes_gathered
+        parameters = holder_of(model.optimizer)._hvdkeras_parameters
+        used[prefetch] = parameters.ahead.used
+        assert not parameters.ahead.started, prefetch
+        for k, (got, want) in enumerate(zip(weights(model), weights(plain))):
+            differ = int(np.sum(got != want))
+            assert differ == 0, f"{prefetch}: weight {k}: {differ} entries differ from stage 0's"
+    assert parameters.state.groups == [[0], [1], [2], [3, 4, 5]]
+    # 3 steps: the first learns the order; each later one reads the 4 groups
+    # forward, then regathers the 2 whose kernels a matmul saved for its
+    # input's gradient (the first layer's input needs none).
+    assert used == {"on": 2 * (3 + 1), "off": 0,
+                    "rank 0 only": 2 * (3 + 1) if hvd.rank() == 0 else 0}, used
+    assert gathered["on"] == gathered["off"] == gathered["rank 0 only"], gathered

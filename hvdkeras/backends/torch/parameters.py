@@ -20,7 +20,10 @@ row blocks. What differs is how the weights are read:
   holders, with stage 2's units and summation order); the other members
   wait in a cache, and each is taken out of it by its own first read, so a
   forward pass gathers each group once and nothing whole outlives the pass
-  that read it. An update or an assignment empties the cache.
+  that read it. An update or an assignment empties the cache. The next
+  group's gather starts as soon as a group is read, so it moves while the
+  layer computes (Note [gathers started ahead] in
+  `hvdkeras/sharding/gathers_ahead.py`).
 - Freed after the forward pass. A whole weight that an operation saves for
   its backward pass (a matmul keeps its weight) would stay alive until then,
   so a step would hold every weight whole at its peak. While a step's
@@ -57,10 +60,10 @@ import torch
 
 from hvdkeras import compat
 from hvdkeras.backends.sharded_exchange import reduce_scatter_to_owners
-from hvdkeras.backends.torch import ops as torch_ops
+from hvdkeras.backends.torch import group_gathers, ops as torch_ops
 from hvdkeras.engine import config, process_sets
+from hvdkeras.sharding.gathers_ahead import GathersAhead
 from hvdkeras.sharding.parameters import ShardedWeights
-from hvdkeras.sharding.plan import by_dtype
 from hvdkeras.sharding.state import ShardState, answering_to
 
 
@@ -91,6 +94,7 @@ class TorchShardedParameters(ShardedWeights):
         self.packed: Dict[int, int] = {}
         self.refilled: Dict[int, torch.Tensor] = {}
         self.hooks: Optional[Any] = None
+        self.ahead = GathersAhead(config.zero3_prefetch(), group_gathers.drop)
 
     # -- taking the weights over ------------------------------------------
 
@@ -154,6 +158,7 @@ class TorchShardedParameters(ShardedWeights):
     def forget_gathered(self) -> None:
         """Drops whole values kept for reads to come (the weights changed)
         and stops packing saved weights as tokens until the next gather."""
+        self.ahead.drop_all()
         self.waiting.clear()
         self.live.clear()
         self.packed.clear()
@@ -192,7 +197,7 @@ class TorchShardedParameters(ShardedWeights):
             group = self.group_of[p]
             held = [compat.variable_storage(self.state.variables[q]).detach() for q in group]
             with torch.no_grad():
-                values = self.gather_whole(group, held, "regather")
+                values = self.gather_whole(group, held, "regather", ahead=True)
             self.gathers += 1
             self.refilled.update({q: v for q, v in zip(group, values) if self.packed.get(q)})
         value = self.refilled[p]
@@ -202,29 +207,27 @@ class TorchShardedParameters(ShardedWeights):
         return value
 
     def gather_whole(self, positions: Sequence[int], held: Sequence[torch.Tensor],
-                     what: str = "params") -> List[torch.Tensor]:
+                     what: str = "params", ahead: bool = False) -> List[torch.Tensor]:
         """Whole values of `positions` from every rank's rows (`held` are
-        this rank's): one allgather per dtype, named `what` and the group."""
+        this rank's): one allgather per dtype, named `what` and the group,
+        or the one started ahead for it. `ahead`: a pass's read, which
+        starts the next group's gather (Note [gathers started ahead])."""
         state = self.state
         set_id = process_sets.view(state.process_set).set_id
-        out: List[Optional[torch.Tensor]] = [None] * len(positions)
-        groups = by_dtype(list(range(len(positions))), lambda k: str(held[k].dtype))
-        for number, members in enumerate(groups.values()):
-            mine = torch.cat([held[k].reshape(-1) for k in members]) if members else None
-            everyone = torch_ops.allgather(mine, f"{state.name}_{what}_{positions[0]}_{number}",
-                                           set_id)
-            start = 0
-            parts: Dict[int, List[torch.Tensor]] = {k: [] for k in members}
-            for rank in range(state.world_size):
-                for k in members:
-                    size = self._held_elements(positions[k], rank)
-                    parts[k].append(everyone[start:start + size])
-                    start += size
-            for k in members:
-                variable = state.variables[positions[k]]
-                flat = parts[k][0] if len(parts[k]) == 1 else torch.cat(parts[k])
-                out[k] = flat.reshape(tuple(int(d) for d in variable.shape))
-        return out  # type: ignore[return-value]
+        started = self.ahead.take(what, positions[0])
+        if started is None:
+            started = group_gathers.start_gather(held, f"{state.name}_{what}_{positions[0]}",
+                                                 set_id)
+        following = self.ahead.read(what, positions[0]) if ahead else None
+        if following is not None:
+            group = self.group_of[following]
+            rows = [compat.variable_storage(state.variables[q]).detach() for q in group]
+            self.ahead.start(what, following, group_gathers.start_gather(
+                rows, f"{state.name}_{what}_{following}", set_id))
+        shapes = [tuple(int(d) for d in state.variables[p].shape) for p in positions]
+        return group_gathers.finish_gather(
+            started, shapes, lambda k, rank: self._held_elements(positions[k], rank),
+            state.world_size)
 
     def _held_elements(self, p: int, rank: int) -> int:
         begin, end = self.state.held_rows(p, rank)
@@ -297,7 +300,8 @@ class _GatherGroup(torch.autograd.Function):
                 *held: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         ctx.parameters, ctx.positions = parameters, positions
         ctx.shapes = [h.shape for h in held]
-        return tuple(parameters.gather_whole(positions, [h.detach() for h in held]))
+        return tuple(parameters.gather_whole(positions, [h.detach() for h in held],
+                                             ahead=True))
 
     @staticmethod
     def backward(ctx, *upstream: torch.Tensor):
