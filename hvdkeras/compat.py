@@ -328,3 +328,23 @@ def keras_torch_tracking_read() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+_KERAS_SAVES = ("save_model", "save_weights_only", "_save_state")
+_KERAS_SAVING_FILE = os.path.join("keras", "src", "saving", "saving_lib.py")
+
+
+def inside_keras_save() -> bool:
+    """Whether Keras's saving (`model.save`, `save_weights`, a
+    `ModelCheckpoint`: `save_model`, `save_weights_only` and `_save_state` in
+    keras/src/saving/saving_lib.py, Keras 3.15) is on the stack. A sharded
+    weight read there outside `gathered_optimizer_state` is refused at once:
+    a save on rank 0 alone would otherwise wait on a gather that no other
+    rank makes."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _KERAS_SAVES and code.co_filename.endswith(_KERAS_SAVING_FILE):
+            return True
+        frame = frame.f_back
+    return False

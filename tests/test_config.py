@@ -386,8 +386,8 @@ def test_the_graph_pass_reads_the_variable_config_names():
 
 
 def test_stage_three_knobs_parsed_and_bad_values_named():
-    assert config.zero3_prefetch({}) is True
-    assert config.zero3_prefetch({"HVDKERAS_ZERO3_PREFETCH": "0"}) is False
+    assert config.zero3_prefetch({}) is False
+    assert config.zero3_prefetch({"HVDKERAS_ZERO3_PREFETCH": "1"}) is True
     assert config.zero3_group_bytes(32 << 20, {}) == 32 << 20
     assert config.zero3_group_bytes(32 << 20, {"HVDKERAS_ZERO3_GROUP_BYTES": "4096"}) == 4096
     for bad in ("0", "-5", "4k"):

@@ -61,7 +61,7 @@ BUCKET_BYTES = "HVDKERAS_BUCKET_BYTES"
 # [sharded parameters under torch] in hvdkeras/backends/torch/parameters.py).
 ZERO3_REGATHER = "HVDKERAS_ZERO3_REGATHER"
 # Whether zero_stage=3 under torch starts the next gather group's allgather
-# while the current group computes (default 1), and the size of a gather
+# while the current group computes (default 0), and the size of a gather
 # group in bytes (Note [gathers started ahead] in
 # hvdkeras/backends/torch/parameters.py; GATHER_GROUP_BYTES in
 # hvdkeras/sharding/plan.py is the default size).
@@ -316,9 +316,9 @@ def zero3_regather(env: Optional[Mapping[str, str]] = None) -> bool:
 
 
 def zero3_prefetch(env: Optional[Mapping[str, str]] = None) -> bool:
-    """`HVDKERAS_ZERO3_PREFETCH` (default on). May differ between ranks: a
+    """`HVDKERAS_ZERO3_PREFETCH` (default off). May differ between ranks: a
     gather started ahead carries the name of the one it replaces."""
-    return parse_bool(os.environ if env is None else env, ZERO3_PREFETCH, default=True)
+    return parse_bool(os.environ if env is None else env, ZERO3_PREFETCH, default=False)
 
 
 def zero3_group_bytes(default: int, env: Optional[Mapping[str, str]] = None) -> int:

@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import keras
 import numpy as np
 
+from hvdkeras import compat
 from hvdkeras.sharding.plan import REPLICATED
 from hvdkeras.sharding.state import ShardState
 
@@ -81,6 +82,21 @@ class ShardedWeights:
             values = self._broadcast_whole(group, root, f"{self.state.name}_from_root_{number}")
             for p, value in zip(group, values):
                 self.assign_rows(self.state.variables[p], value)
+
+    def refuse_save_outside_block(self) -> None:
+        """Raises if a Keras save reads a sharded weight outside
+        `gathered_weights`: the read would be a collective, which a save on
+        rank 0 alone (Horovod's checkpoint idiom) would wait on until the
+        stall bound; stages 1 and 2 refuse such a save at once too."""
+        if self.whole_values is None and compat.inside_keras_save():
+            state = self.state
+            raise RuntimeError(
+                f"The model's weights are sharded across {state.world_size} ranks "
+                "(zero_stage=3), so saving must gather them on every rank first; this rank "
+                "alone cannot. Save through hvdkeras on every rank: "
+                "hvdkeras.callbacks.CheckpointCallback, or "
+                "`with hvdkeras.gathered_optimizer_state(model):` around the rank-0 save "
+                "(every rank enters the block).")
 
     # -- each backend's tensor work ---------------------------------------
 

@@ -134,6 +134,7 @@ class ShardedParameters(ShardedWeights):
         if self.whole_values is not None:
             return tf.constant(self.whole_values[p])
         if tf.executing_eagerly():
+            self.refuse_save_outside_block()
             return self._gather([p])[p]
         graph = tf.compat.v1.get_default_graph()
         cache = self._graphs.setdefault(graph, {})

@@ -110,14 +110,21 @@ def test_checkpoint_resume_continues_exactly(stage, tmp_path):
     assert_weights_close(resumed.get_weights(), uninterrupted.get_weights(), "resumed weights")
 
 
-def test_rank_zero_alone_cannot_save_sharded_state(tmp_path):
+@pytest.mark.parametrize("stage", [1, 3])
+def test_rank_zero_alone_cannot_save_sharded_state(stage, tmp_path):
+    """Horovod's idiom, a save on rank 0 alone, is refused at once (at stage
+    3 before any gather starts, rather than waiting on one no other rank
+    makes); every rank then goes on in step."""
     if hvd.size() == 1:
         pytest.skip("with one rank nothing is sharded")
-    model = _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), zero_stage=1))
+    model = _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), zero_stage=stage))
     x, y = _data(1)
     fit_distributed(model, shard(x, 1, B), shard(y, 1, B), batch_size=B)
-    with pytest.raises(RuntimeError, match="gathered_optimizer_state"):
-        model.save(os.path.join(str(tmp_path), "alone.keras"))
+    if hvd.rank() == 0:
+        with pytest.raises(RuntimeError, match="gathered_optimizer_state"):
+            model.save(os.path.join(str(tmp_path), "alone.keras"))
+    values = [float(np.sum(v)) for v in model.get_weights()]
+    assert hvd.allgather_object(values, name="after_refused_save") == [values] * hvd.size()
 
 
 @pytest.mark.parametrize("stage", [2, 3])

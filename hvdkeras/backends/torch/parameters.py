@@ -20,10 +20,10 @@ row blocks. What differs is how the weights are read:
   holders, with stage 2's units and summation order); the other members
   wait in a cache, and each is taken out of it by its own first read, so a
   forward pass gathers each group once and nothing whole outlives the pass
-  that read it. An update or an assignment empties the cache. The next
-  group's gather starts as soon as a group is read, so it moves while the
-  layer computes (Note [gathers started ahead] in
-  `hvdkeras/sharding/gathers_ahead.py`).
+  that read it. An update or an assignment empties the cache. With
+  `HVDKERAS_ZERO3_PREFETCH=1` the next group's gather starts as soon as a
+  group is read, so it moves while the layer computes (Note [gathers
+  started ahead] in `hvdkeras/sharding/gathers_ahead.py`).
 - Freed after the forward pass. A whole weight that an operation saves for
   its backward pass (a matmul keeps its weight) would stay alive until then,
   so a step would hold every weight whole at its peak. While a step's
@@ -63,6 +63,7 @@ from hvdkeras.backends.sharded_exchange import reduce_scatter_to_owners
 from hvdkeras.backends.torch import group_gathers, ops as torch_ops
 from hvdkeras.engine import config, process_sets
 from hvdkeras.sharding.gathers_ahead import GathersAhead
+from hvdkeras.sharding.plan import by_dtype
 from hvdkeras.sharding.parameters import ShardedWeights
 from hvdkeras.sharding.state import ShardState, answering_to
 
@@ -145,6 +146,7 @@ class TorchShardedParameters(ShardedWeights):
         if p in self.arrived and param.grad is not None:
             return param  # the trainer reading `.grad` after the backward pass
         if p not in self.waiting:
+            self.refuse_save_outside_block()
             self.waiting.update(self._gather(self.group_of[p]))
         return self.waiting.pop(p)
 
@@ -210,24 +212,49 @@ class TorchShardedParameters(ShardedWeights):
                      what: str = "params", ahead: bool = False) -> List[torch.Tensor]:
         """Whole values of `positions` from every rank's rows (`held` are
         this rank's): one allgather per dtype, named `what` and the group,
-        or the one started ahead for it. `ahead`: a pass's read, which
-        starts the next group's gather (Note [gathers started ahead])."""
+        or the one started ahead for it. `ahead`: a pass's read, which may
+        start the next group's gather (Note [gathers started ahead])."""
         state = self.state
-        set_id = process_sets.view(state.process_set).set_id
         started = self.ahead.take(what, positions[0])
-        if started is None:
-            started = group_gathers.start_gather(held, f"{state.name}_{what}_{positions[0]}",
-                                                 set_id)
         following = self.ahead.read(what, positions[0]) if ahead else None
         if following is not None:
             group = self.group_of[following]
             rows = [compat.variable_storage(state.variables[q]).detach() for q in group]
             self.ahead.start(what, following, group_gathers.start_gather(
-                rows, f"{state.name}_{what}_{following}", set_id))
+                rows, f"{state.name}_{what}_{following}",
+                process_sets.view(state.process_set).set_id))
+        if started is None:
+            return self._gather_now(positions, held, what)
         shapes = [tuple(int(d) for d in state.variables[p].shape) for p in positions]
         return group_gathers.finish_gather(
             started, shapes, lambda k, rank: self._held_elements(positions[k], rank),
             state.world_size)
+
+    def _gather_now(self, positions: Sequence[int], held: Sequence[torch.Tensor],
+                    what: str) -> List[torch.Tensor]:
+        """Whole values of `positions` from every rank's rows (`held` are
+        this rank's): one allgather per dtype, named `what` and the group,
+        waited for here."""
+        state = self.state
+        set_id = process_sets.view(state.process_set).set_id
+        out: List[Optional[torch.Tensor]] = [None] * len(positions)
+        groups = by_dtype(list(range(len(positions))), lambda k: str(held[k].dtype))
+        for number, members in enumerate(groups.values()):
+            mine = torch.cat([held[k].reshape(-1) for k in members]) if members else None
+            everyone = torch_ops.allgather(mine, f"{state.name}_{what}_{positions[0]}_{number}",
+                                           set_id)
+            start = 0
+            parts: Dict[int, List[torch.Tensor]] = {k: [] for k in members}
+            for rank in range(state.world_size):
+                for k in members:
+                    size = self._held_elements(positions[k], rank)
+                    parts[k].append(everyone[start:start + size])
+                    start += size
+            for k in members:
+                variable = state.variables[positions[k]]
+                flat = parts[k][0] if len(parts[k]) == 1 else torch.cat(parts[k])
+                out[k] = flat.reshape(tuple(int(d) for d in variable.shape))
+        return out  # type: ignore[return-value]
 
     def _held_elements(self, p: int, rank: int) -> int:
         begin, end = self.state.held_rows(p, rank)
