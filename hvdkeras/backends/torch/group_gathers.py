@@ -46,17 +46,25 @@ def finish_gather(started: Started, shapes: Sequence[Tuple[int, ...]],
         with pending.wait() as done:
             everyone = mine.new_empty(done.shape(0))
             done.copy_output(0, everyone.data_ptr())
-        start = 0
-        parts: Dict[int, List[torch.Tensor]] = {k: [] for k in members}
-        for rank in range(world_size):
-            for k in members:
-                size = held_elements(k, rank)
-                parts[k].append(everyone[start:start + size])
-                start += size
-        for k in members:
-            flat = parts[k][0] if len(parts[k]) == 1 else torch.cat(parts[k])
-            out[k] = flat.reshape(shapes[k])
+        cut_whole(everyone, members, shapes, held_elements, world_size, out)
     return out  # type: ignore[return-value]
+
+
+def cut_whole(everyone: torch.Tensor, members: Sequence[int],
+              shapes: Sequence[Tuple[int, ...]], held_elements: Callable[[int, int], int],
+              world_size: int, out: List[Optional[torch.Tensor]]) -> None:
+    """Cuts one dtype's gathered buffer (every rank's rows of `members`, in
+    rank order) into each member's whole value, written to `out[k]`."""
+    start = 0
+    parts: Dict[int, List[torch.Tensor]] = {k: [] for k in members}
+    for rank in range(world_size):
+        for k in members:
+            size = held_elements(k, rank)
+            parts[k].append(everyone[start:start + size])
+            start += size
+    for k in members:
+        flat = parts[k][0] if len(parts[k]) == 1 else torch.cat(parts[k])
+        out[k] = flat.reshape(shapes[k])
 
 
 def drop(started: Started) -> None:

@@ -238,22 +238,15 @@ class TorchShardedParameters(ShardedWeights):
         state = self.state
         set_id = process_sets.view(state.process_set).set_id
         out: List[Optional[torch.Tensor]] = [None] * len(positions)
+        shapes = [tuple(int(d) for d in state.variables[p].shape) for p in positions]
         groups = by_dtype(list(range(len(positions))), lambda k: str(held[k].dtype))
         for number, members in enumerate(groups.values()):
             mine = torch.cat([held[k].reshape(-1) for k in members]) if members else None
             everyone = torch_ops.allgather(mine, f"{state.name}_{what}_{positions[0]}_{number}",
                                            set_id)
-            start = 0
-            parts: Dict[int, List[torch.Tensor]] = {k: [] for k in members}
-            for rank in range(state.world_size):
-                for k in members:
-                    size = self._held_elements(positions[k], rank)
-                    parts[k].append(everyone[start:start + size])
-                    start += size
-            for k in members:
-                variable = state.variables[positions[k]]
-                flat = parts[k][0] if len(parts[k]) == 1 else torch.cat(parts[k])
-                out[k] = flat.reshape(tuple(int(d) for d in variable.shape))
+            group_gathers.cut_whole(everyone, members, shapes,
+                                    lambda k, rank: self._held_elements(positions[k], rank),
+                                    state.world_size, out)
         return out  # type: ignore[return-value]
 
     def _held_elements(self, p: int, rank: int) -> int:
