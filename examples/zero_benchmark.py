@@ -5,7 +5,7 @@
     python examples/zero_benchmark.py --model MLP --ranks 4    # 96-512-384-10
     python examples/zero_benchmark.py --model Embedding --ranks 4   # a 50000x64 table
     python examples/zero_benchmark.py --model Wide340M --ranks 1,4 --stages 0,3 --steps 10
-    KERAS_BACKEND=torch python examples/zero_benchmark.py --ranks 2   # or jax (stages 0-2 there)
+    KERAS_BACKEND=torch python examples/zero_benchmark.py --ranks 2   # or jax
     sudo python scripts/netlab.py --name zero up --hosts 2 --rate 1gbit
     KERAS_BACKEND=torch python examples/zero_benchmark.py --lab zero --ranks 2 --stages 0,3
 
@@ -47,7 +47,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--ranks", default="2,4,8", help="rank counts, comma-separated")
     p.add_argument("--stages", default=None,
-                   help="zero stages, comma-separated (default 0,1,2,3; 0,1,2 under JAX)")
+                   help="zero stages, comma-separated (default 0,1,2,3)")
     p.add_argument("--timed-ranks", type=int, default=2,
                    help="the rank count whose step times are reported")
     p.add_argument("--warmup", type=int, default=3, help="steps before timing")
@@ -205,7 +205,7 @@ def main(argv: List[str]) -> None:
              "RSS vs stage 0 MiB | step ms (median) | step vs stage 0 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     stages = ([int(s) for s in args.stages.split(",")] if args.stages
-              else [0, 1, 2] if backend == "jax" else [0, 1, 2, 3])
+              else [0, 1, 2, 3])
     losses = []
     with tempfile.TemporaryDirectory(prefix="zero-benchmark-") as work:
         for ranks in [int(r) for r in args.ranks.split(",")]:

@@ -279,6 +279,13 @@ def replace_variable_storage(variable: Any, storage: Any) -> None:
     variable._value = storage
 
 
+def in_stateless_scope() -> bool:
+    """Whether a `keras.StatelessScope` is open (Keras's internal accessor, 3.15)."""
+    from keras.src.backend.common import stateless_scope  # lazy: Keras internal
+
+    return bool(stateless_scope.in_stateless_scope())
+
+
 def stateless_value(variable: Any) -> Optional[Any]:
     """The value a `keras.StatelessScope` maps `variable` to, or None (no
     scope, or not mapped). Keras reads it in `Variable.value`; a class that

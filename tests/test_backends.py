@@ -6,7 +6,7 @@
   only one binding does (autograd and torch.compile; jit and custom_vjp).
 * The README's quickstart (examples/keras_quickstart.py), unchanged, trains
   and resumes with `hvdkerasrun -np 2` under each backend.
-* A recipe trains with `backend: torch` / `backend: jax` (and `zero_stage: 2`).
+* A recipe trains with `backend: torch` / `backend: jax` (and `zero_stage: 3`).
 
 A backend whose framework is not installed is skipped, saying so
 (`pip install -e ".[torch]"` / `".[jax]"`).
@@ -86,9 +86,10 @@ def test_a_recipe_trains_with_its_backend(backend, tmp_path):
     from recipe_helpers import train  # lazy: only this test launches a recipe
 
     backend_env(backend)  # skips when the framework is missing
-    # With sharded optimizer state: the recipe's way to it under every backend.
+    # With sharded weights and optimizer state (ZeRO stage 3): the recipe's
+    # way to it under every backend.
     _, summary = train(REPO / "recipes" / "digits.yaml", f"backend={backend}",
-                       "training.epochs=4", "training.zero_stage=2",
+                       "training.epochs=4", "training.zero_stage=3",
                        summary=tmp_path / "summary.json", cwd=tmp_path, timeout=TIMEOUT)
     assert summary["ranks"] == 2 and summary["epochs_run"] == 4
     assert summary["final"]["val_accuracy"] >= 0.9, summary["history"]

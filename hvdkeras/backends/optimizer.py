@@ -270,7 +270,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
         zero_stage: 1 keeps each variable's optimizer state on one rank (its
             owner updates it and the weights are gathered back); 2 also sends
             each owner only its own reduced gradients (a reduce-scatter); 3
-            (torch only) also shards the model's weights. As under
+            also shards the model's weights. As under
             TensorFlow (`docs/memory-scaling.md`). With
             `backward_passes_per_step` > 1 each rank sums its passes in
             full-size buffers of its own and reduces once per window.
@@ -292,10 +292,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvdkeras.Average.")
     process_sets.view(process_set)  # a clear error for an unregistered set
-    if zero_stage == 3 and keras.backend.backend() != "torch":
-        raise ValueError(f"zero_stage=3 (sharded weights) runs under the TensorFlow and torch "
-                         f"backends, not {keras.backend.backend()}; use zero_stage=2 here "
-                         "(sharded optimizer state and gradients).")
     accumulator = None
     if backward_passes_per_step > 1 and zero_stage:
         # Sharded state sums the passes here, not in Keras's accumulators.

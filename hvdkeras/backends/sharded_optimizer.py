@@ -43,9 +43,9 @@ from hvdkeras.sharding.state import ShardState
 
 
 class BackendShardedMixin(ShardedOptimizerMixin):
-    """The sharded optimizer's tensor work under torch and JAX (at stage 3,
-    under torch, with the model's weights sharded too: Note [sharded
-    parameters under torch])."""
+    """The sharded optimizer's tensor work under torch and JAX (at stage 3
+    with the model's weights sharded too: Note [sharded parameters under
+    torch], Note [sharded parameters under JAX])."""
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         state = self._hvdkeras_shards
@@ -56,8 +56,24 @@ class BackendShardedMixin(ShardedOptimizerMixin):
                 f"{type(self).__name__}.stateless_apply got {len(trainable_variables)} "
                 f"trainable and {len(optimizer_variables)} optimizer values; it was built for "
                 f"{len(model_variables)} and has {len(self.variables)}.")
-        return run_stateless(model_variables, trainable_variables, self.variables,
-                             optimizer_variables, lambda: self.apply(grads))
+        if self._hvdkeras_parameters is None:
+            return run_stateless(model_variables, trainable_variables, self.variables,
+                                 optimizer_variables, lambda: self.apply(grads))
+        # Stage 3 (JAX): the step's values are the rows, which the holdings
+        # stand for; a weight this rank holds no rows of keeps its (empty)
+        # value (Note [sharded parameters under JAX]).
+        parameters = self._hvdkeras_parameters
+        sharded = set(parameters.sharded)
+        kept = [p for p in range(len(model_variables))
+                if p in parameters.holdings or p not in sharded]
+        new, optimizer_values = run_stateless(
+            [parameters.holdings.get(p, model_variables[p]) for p in kept],
+            [trainable_variables[p] for p in kept], self.variables, optimizer_variables,
+            lambda: self.apply(grads))
+        values = list(trainable_variables)
+        for p, value in zip(kept, new):
+            values[p] = value
+        return values, optimizer_values
 
     def _hvdkeras_step_without_variables(self) -> None:
         # Keras's torch optimizers cannot update an empty list; the one part
@@ -116,15 +132,23 @@ def shard(optimizer: Any, zero_stage: int, name: str, process_set: Any) -> None:
                                          zero_stage, can_split=True)
 
 
+# Each backend's stage-3 weights: (module, class).
+_SHARDED_PARAMETERS = {
+    "torch": ("hvdkeras.backends.torch.parameters", "TorchShardedParameters"),
+    "jax": ("hvdkeras.backends.jax.parameters", "JaxShardedParameters"),
+}
+
+
 def shard_parameters(optimizer: Any, settings: Dict[str, Any]) -> None:
-    """ZeRO stage 3 under torch: the model's weights are sharded when the
-    optimizer is built (Note [sharded parameters under torch])."""
+    """ZeRO stage 3: the model's weights are sharded when the optimizer is
+    built (Note [sharded parameters under torch], Note [sharded parameters
+    under JAX])."""
     holder = shard_holder(optimizer)
-    # Lazy: the torch binding, present under that backend only.
-    parameters = importlib.import_module("hvdkeras.backends.torch.parameters")
+    module, name = _SHARDED_PARAMETERS[keras.backend.backend()]
+    # Lazy: the backend's binding, present under that backend only.
+    parameters = getattr(importlib.import_module(module), name)
     scaling = reduction_scaling(settings, holder._hvdkeras_shards.world_size)
-    holder._hvdkeras_parameters = parameters.TorchShardedParameters(
-        holder._hvdkeras_shards, settings, scaling)
+    holder._hvdkeras_parameters = parameters(holder._hvdkeras_shards, settings, scaling)
 
 
 def held_gradients(grads: Sequence[Any], variables: Sequence[Any], settings: Dict[str, Any],

@@ -179,3 +179,46 @@ def test_a_shape_only_some_ranks_planned_leaves_no_rank_waiting():
             with pytest.raises(Exception, match="same rows"):
                 jax.block_until_ready(jax.jit(call)(rows))
         hvd.barrier()
+
+
+def _stage_fit(stage, eager):
+    """A two-layer model and its first layer as a model of its own, trained
+    with validation; every rank starts from rank 0's weights."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(16 * hvd.size(), 12)).astype("float32")
+    y = rng.normal(size=(16 * hvd.size(), 3)).astype("float32")
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((12,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-2),
+                                                     zero_stage=stage),
+                  loss="mse", run_eagerly=eager)
+    mine = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    model.fit(*mine, batch_size=4, epochs=2, verbose=0, shuffle=False, validation_data=mine,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return model, keras.Model(inputs, hidden)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["jit", "run_eagerly"])
+def test_stage_three_steps_carry_rows_and_equal_stage_zero(eager):
+    """Under `jit` (and run eagerly) a stage-3 step's state holds each
+    rank's rows only, in all a copy of the weights across the ranks; the
+    weights, an evaluation and a model made of some of the layers give
+    stage 0's values."""
+    plain, plain_encoder = _stage_fit(0, eager)
+    sharded, encoder = _stage_fit(3, eager)
+    rows = [np.asarray(v) for v in sharded._get_jax_state(trainable_variables=True)[0]]
+    everyone = hvd.allgather_object([r.size for r in rows], name="state_sizes")
+    for k, v in enumerate(sharded.trainable_variables):
+        assert sum(sizes[k] for sizes in everyone) == int(np.prod(v.shape)), v.path
+        assert rows[k].shape[1:] == tuple(v.shape)[1:] or rows[k].size == 0, v.path
+    exact = np.testing.assert_allclose if eager else np.testing.assert_array_equal
+    for got, want in zip(sharded.get_weights(), plain.get_weights()):
+        exact(got, want, **({"rtol": 1e-6} if eager else {}))
+    probe = np.linspace(-1, 1, 24, dtype="float32").reshape(2, 12)
+    np.testing.assert_allclose(encoder.predict(probe, verbose=0),
+                               plain_encoder.predict(probe, verbose=0), rtol=1e-6)
+    target = np.ones((2, 3), "float32")
+    assert sharded.evaluate(probe, target, verbose=0) == pytest.approx(
+        plain.evaluate(probe, target, verbose=0), rel=1e-6)

@@ -109,6 +109,33 @@ def collectives_in_call_order() -> Iterator[None]:
         _order.active, _order.last = False, None
 
 
+@contextlib.contextmanager
+def call_order_after(value) -> Iterator[None]:
+    """Inside, a chain of its own (Note [collectives in call order]) whose
+    first traced collective follows `value` (None: nothing); the chain that
+    was open, if any, continues after the block. For collectives traced in
+    a function of their own (a `custom_vjp` rule) that must stay ordered."""
+    saved = (getattr(_order, "active", False), getattr(_order, "last", None))
+    _order.active, _order.last = True, value
+    try:
+        yield
+    finally:
+        _order.active, _order.last = saved
+
+
+def last_in_order():
+    """The output of the open chain's last traced collective, or None."""
+    return getattr(_order, "last", None) if getattr(_order, "active", False) else None
+
+
+def continue_after(value) -> None:
+    """Makes the open chain's next collective follow `value` as well, when
+    the chain has none yet (a step's collectives after work traced
+    elsewhere in it). Nothing without an open chain or a value."""
+    if value is not None and getattr(_order, "active", False) and _order.last is None:
+        _order.last = value
+
+
 # The platforms the binding's FFI target is registered for (JAX's names).
 PLATFORMS = ("cpu", "gpu")
 
