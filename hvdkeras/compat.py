@@ -279,6 +279,14 @@ def replace_variable_storage(variable: Any, storage: Any) -> None:
     variable._value = storage
 
 
+def keras_jax_trainer_class() -> type:
+    """Keras's JAX trainer class (`keras.src.backend.jax.trainer.JAXTrainer`,
+    Keras 3.15), whose state handling ZeRO stage 3 wraps."""
+    from keras.src.backend.jax import trainer  # lazy: Keras internal, JAX backend only
+
+    return trainer.JAXTrainer
+
+
 def in_stateless_scope() -> bool:
     """Whether a `keras.StatelessScope` is open (Keras's internal accessor, 3.15)."""
     from keras.src.backend.common import stateless_scope  # lazy: Keras internal

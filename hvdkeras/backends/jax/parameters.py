@@ -44,14 +44,12 @@ travel through the step as the state and nothing whole outlives it.
   their own first read, and an assignment drops what waits.
 
 What may import this module: `hvdkeras.backends.sharded_optimizer` (lazily,
-under the JAX backend) and `hvdkeras.backends.jax.trainer_hooks`.
+under the JAX backend).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -59,27 +57,12 @@ import keras
 import numpy as np
 
 from hvdkeras import compat
-from hvdkeras.backends.jax import ops
+from hvdkeras.backends.jax import ops, trainer_hooks
 from hvdkeras.backends.sharded_exchange import reduce_scatter_to_owners
 from hvdkeras.engine import process_sets
 from hvdkeras.sharding.parameters import ShardedWeights
 from hvdkeras.sharding.plan import by_dtype
 from hvdkeras.sharding.state import ShardState, answering_to
-
-_rows = threading.local()
-
-
-@contextlib.contextmanager
-def reading_rows() -> Iterator[None]:
-    """Inside, sharded variables answer reads with this rank's rows (the
-    trainer collecting a step's state)."""
-    previous = getattr(_rows, "active", False)
-    _rows.active = True
-    try:
-        yield
-    finally:
-        _rows.active = previous
-
 
 class _Part(NamedTuple):
     """One dtype's block of a gather group."""
@@ -152,9 +135,6 @@ class JaxShardedParameters(ShardedWeights):
     def take_over(self) -> None:
         """Gives each sharded model variable the class that reads it whole,
         and has Keras's JAX trainer carry rows (`trainer_hooks`)."""
-        # Lazy: trainer_hooks imports this module.
-        from hvdkeras.backends.jax import trainer_hooks
-
         trainer_hooks.install()
         for p in self.sharded:
             variable = self.state.variables[p]
@@ -411,7 +391,7 @@ class JaxShardedParameterMixin:
         mapped = compat.stateless_value(self)
         if mapped is not None:
             return compat.autocast_value(self, mapped)
-        if getattr(_rows, "active", False):
+        if trainer_hooks.rows_being_read():
             return compat.variable_storage(self)
         if compat.variable_storage(self) is None:  # purged by the trainer: shape inference
             return super().value

@@ -10,20 +10,39 @@ methods are wrapped once, on Keras's `JAXTrainer` class, when a sharded
 optimizer under JAX is first built; for a model without sharded weights the
 wrappers only check its variables' classes and call Keras's own methods.
 
-What may import this module: `hvdkeras.backends.jax.parameters` (lazily).
+What may import this module: `hvdkeras.backends.jax.parameters`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, Iterator, List, Sequence
 
-from hvdkeras.backends.jax import parameters as jax_parameters
+from hvdkeras import compat
 
 _installed = threading.Lock()
 _done = False
+_rows = threading.local()
 METHODS = ("_get_jax_state", "compute_loss_and_updates", "predict_step")
+
+
+@contextlib.contextmanager
+def reading_rows() -> Iterator[None]:
+    """Inside, sharded variables answer reads with this rank's rows (the
+    trainer collecting a step's state)."""
+    previous = getattr(_rows, "active", False)
+    _rows.active = True
+    try:
+        yield
+    finally:
+        _rows.active = previous
+
+
+def rows_being_read() -> bool:
+    """Whether a read now is the trainer collecting a step's state."""
+    return getattr(_rows, "active", False)
 
 
 def install() -> None:
@@ -36,16 +55,13 @@ def install() -> None:
     with _installed:
         if _done:
             return
-        # Lazy: Keras's JAX trainer, present under that backend only.
-        from keras.src.backend.jax import trainer
-
-        missing = [m for m in METHODS if not hasattr(trainer.JAXTrainer, m)]
+        cls = compat.keras_jax_trainer_class()
+        missing = [m for m in METHODS if not hasattr(cls, m)]
         if missing:
             raise RuntimeError(
                 f"zero_stage=3 under JAX needs Keras's JAXTrainer methods {missing}, which "
                 "this Keras release does not have (checked on Keras 3.15); use zero_stage=2, "
                 "or the TensorFlow or torch backend.")
-        cls = trainer.JAXTrainer
         cls._get_jax_state = _state_of_rows(cls._get_jax_state)
         cls.compute_loss_and_updates = _run_on_whole(cls.compute_loss_and_updates)
         cls.predict_step = _predict_on_whole(cls.predict_step)
@@ -55,7 +71,7 @@ def install() -> None:
 def _state_of_rows(original: Callable) -> Callable:
     @functools.wraps(original)
     def _get_jax_state(self, *args, **kwargs):
-        with jax_parameters.reading_rows():
+        with reading_rows():
             return original(self, *args, **kwargs)
 
     return _get_jax_state
@@ -89,7 +105,7 @@ def whole_values(variables: Sequence[Any], values: Sequence[Any]) -> List[Any]:
     by_owner: dict = {}
     for index, variable in enumerate(variables):
         owner = getattr(variable, "_hvdkeras_parameters", None)
-        if isinstance(owner, jax_parameters.JaxShardedParameters):
+        if hasattr(owner, "whole_for_step"):  # JAX's sharded weights
             by_owner.setdefault(id(owner), (owner, {}))[1][
                 owner.state.position(variable)] = index
     for owner, indices in by_owner.values():
