@@ -148,7 +148,7 @@ TRAINING = Map({
     "steps_per_execution": Field(Int(1, MAX_STEPS), default=1),
     "zero_stage": Field(Int(0, 3), default=0,
                         help="shard across ranks: 1 (optimizer state), 2 (and gradients), 3 "
-                             "(and weights; TensorFlow); see docs/memory-scaling.md"),
+                             "(and weights); see docs/memory-scaling.md"),
     "verbose": Field(Union(Str(choices=("auto",)), Int(0, 2)), default="auto"),
 }, what="the training section")
 

@@ -4,7 +4,8 @@ optimizer is built on, and whole values for a block (a rank-0 save or
 load). Each backend's subclass moves the tensors: TensorFlow's in
 `tf_parameters` (Note [sharded parameters]), torch's in
 `hvdkeras/backends/torch/parameters.py` (Note [sharded parameters under
-torch]). This module loads no framework.
+torch]), JAX's in `hvdkeras/backends/jax/parameters.py` (Note [sharded
+parameters under JAX]). This module loads no framework.
 
 What may import this module: `hvdkeras.sharding` and `hvdkeras.backends`.
 """

@@ -161,7 +161,7 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
             its own share of the variables, updates those and sends them to
             the others. 2: as 1, and gradients are reduce-scattered, so a
             rank receives the averaged gradients of its own variables only.
-            3 (TensorFlow, torch): as 2, and the model's trainable weights are
+            3 (every backend): as 2, and the model's trainable weights are
             sharded too, gathered where a step reads them (reading one
             eagerly is then a collective: see the docs). Results equal
             stage 0's (bit for bit on one host); checkpoints written

@@ -91,7 +91,6 @@ class JaxShardedParameters(ShardedWeights):
         self.settings = settings
         self.scaling = scaling
         self.waiting: Dict[int, jax.Array] = {}
-        self.gathers = 0
         # The last reduce-scatter of a traced backward pass, which the
         # optimizer's collectives of the same step must follow.
         self.after_backward: Optional[Any] = None
@@ -168,7 +167,6 @@ class JaxShardedParameters(ShardedWeights):
             for _, parts in layout:
                 for part in parts:
                     mine = next(block)
-                    self.gathers += 1
                     everyone = ops.allgather(mine, f"{state.name}_{what}_{part.tag}", set_id) \
                         if part.padded else mine
                     wholes.extend(self._cut(part, everyone))
