@@ -154,7 +154,8 @@ def shard_parameters(optimizer: Any, settings: Dict[str, Any]) -> None:
 def held_gradients(grads: Sequence[Any], variables: Sequence[Any], settings: Dict[str, Any],
                    local_ids: Set[int], holder: Any, loss_scaled: bool) -> List[Any]:
     """Stage 3's gradients: those the backward pass already reduced to their
-    holders (Note [sharded parameters under torch]) pass through, the rest
+    holders (Note [sharded parameters under torch], and under JAX every
+    sharded one: Note [sharded parameters under JAX]) pass through, the rest
     (local variables; every gradient of a step that began before the
     weights were sharded) go stage 2's way. None where this rank holds no
     rows (or, under loss scaling, the flag of every rank's finiteness)."""

@@ -64,6 +64,7 @@ from hvdkeras.sharding.parameters import ShardedWeights
 from hvdkeras.sharding.plan import by_dtype
 from hvdkeras.sharding.state import ShardState, answering_to
 
+
 class _Part(NamedTuple):
     """One dtype's block of a gather group."""
 
@@ -105,20 +106,13 @@ class JaxShardedParameters(ShardedWeights):
         state = self.state
         values = [jnp.asarray(compat.variable_storage(state.variables[p])) for p in group]
         if state.world_size > 1:  # the weights start as rank 0's
-            set_id = process_sets.view(state.process_set).set_id
-            for k, (dtype, members) in enumerate(
-                    by_dtype(list(range(len(group))), lambda i: str(values[i].dtype)).items()):
-                sent = ops.broadcast([values[i] for i in members],
-                                     f"{state.name}_take_over_{number}.{k}", 0, set_id)
-                for i, value in zip(members, sent):
-                    values[i] = value
+            values = self._broadcast(values, f"{state.name}_take_over_{number}", 0)
         holdings: List[Optional[keras.Variable]] = []
         for p, whole in zip(group, values):
             variable = state.variables[p]
-            begin, end = state.held_rows(p, state.rank)
-            rows = whole if not variable.shape and end > begin else whole[begin:end] \
-                if variable.shape else jnp.zeros((0,), whole.dtype)
+            rows = self._my_rows(variable, whole)
             compat.replace_variable_storage(variable, jnp.array(rows))  # its own copy
+            begin, end = state.held_rows(p, state.rank)
             if end <= begin:
                 holdings.append(None)
                 continue
@@ -191,7 +185,7 @@ class JaxShardedParameters(ShardedWeights):
                                                 prescale, postscale, state.process_set,
                                                 self.settings["compression"])
                 for part in parts:
-                    grads.append(self._block_of_grads(part, mine, upstream))
+                    grads.append(self._block_of_grads(part, mine))
             self.after_backward = ops.last_in_order()
         return grads
 
@@ -282,8 +276,9 @@ class JaxShardedParameters(ShardedWeights):
             out.append(jnp.reshape(flat, tuple(int(d) for d in self.state.variables[p].shape)))
         return out
 
-    def _block_of_grads(self, part: _Part, mine: Dict[Tuple[int, int], Any],
-                        upstream: Dict[int, Any]) -> Any:
+    def _block_of_grads(self, part: _Part, mine: Dict[Tuple[int, int], Any]) -> Any:
+        """This rank's reduced rows of the part's members (`mine`, by unit),
+        as the block the gather took: flat, padded."""
         state = self.state
         pieces = []
         for k, p in enumerate(part.members):
@@ -303,10 +298,14 @@ class JaxShardedParameters(ShardedWeights):
                 for p, value in self._gather_eagerly(group, "whole").items()}
 
     def _broadcast_whole(self, group: Sequence[int], root: int, name: str) -> List[Any]:
-        values = [jnp.asarray(self.whole_values[p]) for p in group]
+        return self._broadcast([jnp.asarray(self.whole_values[p]) for p in group], name, root)
+
+    def _broadcast(self, values: List[Any], name: str, root: int) -> List[Any]:
+        """`root`'s `values` on every rank: one broadcast per dtype. Collective."""
         set_id = process_sets.view(self.state.process_set).set_id
-        for k, (_, members) in enumerate(
-                by_dtype(list(range(len(group))), lambda i: str(values[i].dtype)).items()):
+        values = list(values)
+        for k, members in enumerate(
+                by_dtype(list(range(len(values))), lambda i: str(values[i].dtype)).values()):
             for i, value in zip(members, ops.broadcast([values[i] for i in members],
                                                        f"{name}.{k}", root, set_id)):
                 values[i] = value
@@ -314,15 +313,19 @@ class JaxShardedParameters(ShardedWeights):
 
     def assign_rows(self, variable: Any, value: Any) -> None:
         """Keeps this rank's rows of a whole `value` assigned to `variable`."""
-        p = self.state.position(variable)
-        begin, end = self.state.held_rows(p, self.state.rank)
         value = jnp.asarray(value, dtype=variable.dtype)
         self.forget_gathered()
         if self.whole_values is not None:  # later reads in the block see it whole
-            self.whole_values[p] = np.array(value)
-        rows = value if not variable.shape and end > begin else value[begin:end] \
-            if variable.shape else jnp.zeros((0,), value.dtype)
-        compat.replace_variable_storage(variable, rows)
+            self.whole_values[self.state.position(variable)] = np.array(value)
+        compat.replace_variable_storage(variable, self._my_rows(variable, value))
+
+    def _my_rows(self, variable: Any, whole: Any) -> Any:
+        """This rank's rows of a whole value of `variable` (a scalar it holds
+        as it is; none as a zero-row array)."""
+        begin, end = self.state.held_rows(self.state.position(variable), self.state.rank)
+        if variable.shape:
+            return whole[begin:end]
+        return whole if end > begin else jnp.zeros((0,), whole.dtype)
 
     def held_shape(self, variable: Any) -> Tuple[int, ...]:
         """The shape of this rank's rows of `variable`."""
