@@ -99,6 +99,12 @@ class ShardedWeights:
                 "`with hvdkeras.gathered_optimizer_state(model):` around the rank-0 save "
                 "(every rank enters the block).")
 
+    def held_elements(self, p: int, rank: int) -> int:
+        """How many elements of weight `p` `rank` holds (its rows' worth)."""
+        begin, end = self.state.held_rows(p, rank)
+        shape = tuple(int(d) for d in self.state.variables[p].shape)
+        return (end - begin) * int(np.prod(shape[1:], dtype=np.int64)) if shape else end - begin
+
     # -- each backend's tensor work ---------------------------------------
 
     def _take_rows(self, number: int, group: Sequence[int]) -> List[Optional[Any]]:

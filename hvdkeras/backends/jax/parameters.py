@@ -241,16 +241,11 @@ class JaxShardedParameters(ShardedWeights):
                 members, lambda p: keras.backend.standardize_dtype(
                     state.variables[p].dtype)).items()):
             positions = list(chosen)
-            counts = [[self._held_elements(p, r) for p in positions]
+            counts = [[self.held_elements(p, r) for p in positions]
                       for r in range(state.world_size)]
             parts.append(_Part(f"{number}.{k}", positions, counts,
                                max(sum(c) for c in counts), dtype))
         return parts
-
-    def _held_elements(self, p: int, rank: int) -> int:
-        begin, end = self.state.held_rows(p, rank)
-        shape = tuple(int(d) for d in self.state.variables[p].shape)
-        return (end - begin) * int(np.prod(shape[1:], dtype=np.int64)) if shape else end - begin
 
     def _block(self, part: _Part, rows: Dict[int, Any]) -> Any:
         """This rank's rows of the part's members, flat, padded."""

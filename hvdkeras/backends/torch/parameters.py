@@ -227,7 +227,7 @@ class TorchShardedParameters(ShardedWeights):
             return self._gather_now(positions, held, what)
         shapes = [tuple(int(d) for d in state.variables[p].shape) for p in positions]
         return group_gathers.finish_gather(
-            started, shapes, lambda k, rank: self._held_elements(positions[k], rank),
+            started, shapes, lambda k, rank: self.held_elements(positions[k], rank),
             state.world_size)
 
     def _gather_now(self, positions: Sequence[int], held: Sequence[torch.Tensor],
@@ -245,14 +245,9 @@ class TorchShardedParameters(ShardedWeights):
             everyone = torch_ops.allgather(mine, f"{state.name}_{what}_{positions[0]}_{number}",
                                            set_id)
             group_gathers.cut_whole(everyone, members, shapes,
-                                    lambda k, rank: self._held_elements(positions[k], rank),
+                                    lambda k, rank: self.held_elements(positions[k], rank),
                                     state.world_size, out)
         return out  # type: ignore[return-value]
-
-    def _held_elements(self, p: int, rank: int) -> int:
-        begin, end = self.state.held_rows(p, rank)
-        shape = tuple(int(d) for d in self.state.variables[p].shape)
-        return (end - begin) * int(np.prod(shape[1:], dtype=np.int64)) if shape else end - begin
 
     @torch.compiler.disable  # as `whole`: Python state, run as it is
     def reduce_to_holders(self, positions: Sequence[int], upstream: Sequence[torch.Tensor],
