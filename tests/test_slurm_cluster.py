@@ -193,12 +193,19 @@ print("UNREACHABLE", flush=True)
 def test_srun_ends_the_step_when_a_rank_fails_at_start_up(cluster, tmp_path):
     (tmp_path / "fail.py").write_text(FAIL_AT_START)
     start = time.monotonic()
-    result = slurm("srun", "-K", "-N", "2", "-n", "2", "--mpi=pmi2", sys.executable,
-                   tmp_path / "fail.py", timeout=120)
+    # Each task's stderr goes to a file its node's slurmstepd writes: srun's
+    # own relay of a task's last lines can lose the race with -K's teardown
+    # (seen once in CI: srun reported task 1's exit but not its message).
+    result = slurm("srun", "-K", "-N", "2", "-n", "2", "--mpi=pmi2",
+                   f"--error={tmp_path}/err-%t.txt", f"--output={tmp_path}/out-%t.txt",
+                   sys.executable, tmp_path / "fail.py", timeout=120)
     took = time.monotonic() - start
     assert result.returncode != 0
-    assert "rank 1 fails at start-up" in result.stderr, result.stderr[-3000:]
-    assert "UNREACHABLE" not in result.stdout
+    assert re.search(r"task 1: Exited with exit code 1", result.stderr), result.stderr[-3000:]
+    failed = (tmp_path / "err-1.txt").read_text()
+    assert "rank 1 fails at start-up" in failed, failed
+    outputs = [path.read_text() for path in tmp_path.glob("out-*.txt")]
+    assert not any("UNREACHABLE" in text for text in outputs + [result.stdout]), outputs
     assert took < 60, took
     assert_nothing_left(cluster)
 
