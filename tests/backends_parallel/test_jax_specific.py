@@ -222,3 +222,86 @@ def test_stage_three_steps_carry_rows_and_equal_stage_zero(eager):
     target = np.ones((2, 3), "float32")
     assert sharded.evaluate(probe, target, verbose=0) == pytest.approx(
         plain.evaluate(probe, target, verbose=0), rel=1e-6)
+
+
+class GuideModel(keras.Model):
+    """Keras's guide to customising `fit` under JAX: its own
+    `compute_loss_and_updates`, differentiated in its own `train_step`."""
+
+    def compute_loss_and_updates(self, trainable_variables, non_trainable_variables, x, y,
+                                 training=False):
+        y_pred, non_trainable_variables = self.stateless_call(
+            trainable_variables, non_trainable_variables, x, training=training)
+        return keras.ops.mean(keras.ops.square(y - y_pred)), (y_pred, non_trainable_variables)
+
+    def train_step(self, state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y = data
+        (loss, (_, non_trainable)), grads = jax.value_and_grad(
+            self.compute_loss_and_updates, has_aux=True)(
+                trainable, non_trainable, x, y, training=True)
+        trainable, optimizer_variables = self.optimizer.stateless_apply(
+            optimizer_variables, grads, trainable)
+        return {"loss": loss}, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+    def test_step(self, state, data):
+        trainable, non_trainable, metrics_variables = state
+        loss, (_, non_trainable) = self.compute_loss_and_updates(
+            trainable, non_trainable, *data)
+        return {"loss": loss}, (trainable, non_trainable, metrics_variables)
+
+
+class ClosureModel(keras.Model):
+    """A `train_step` that differentiates a closure over `stateless_call`,
+    and a `test_step` that calls it directly."""
+
+    def train_step(self, state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y = data
+
+        def loss_of(values):
+            y_pred, updated = self.stateless_call(values, non_trainable, x, training=True)
+            return keras.ops.mean(keras.ops.square(y - y_pred)), updated
+
+        (loss, non_trainable), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+        trainable, optimizer_variables = self.optimizer.stateless_apply(
+            optimizer_variables, grads, trainable)
+        return {"loss": loss}, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+    def test_step(self, state, data):
+        trainable, non_trainable, metrics_variables = state
+        x, y = data
+        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x)
+        return ({"loss": keras.ops.mean(keras.ops.square(y - y_pred))},
+                (trainable, non_trainable, metrics_variables))
+
+
+@pytest.mark.parametrize("model_class", [GuideModel, ClosureModel], ids=["guide", "closure"])
+def test_stage_three_runs_custom_steps_on_whole_weights(model_class):
+    """A model with its own `train_step` and `test_step` (the two ways
+    Keras's JAX guide writes them) trains, evaluates and predicts at stage 3
+    as at stage 0, bit for bit, while its step's state holds rows."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(8 * hvd.size(), 12)).astype("float32")
+    y = rng.normal(size=(8 * hvd.size(), 3)).astype("float32")
+    mine = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    probe = np.linspace(-1, 1, 24, dtype="float32").reshape(2, 12)
+    results = []
+    for stage in (0, 3):
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((12,))
+        hidden = keras.layers.Dense(16, activation="relu")(inputs)
+        model = model_class(inputs, keras.layers.Dense(3)(hidden))
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-2),
+                                                         zero_stage=stage))
+        model.fit(*mine, batch_size=4, epochs=2, verbose=0, shuffle=False,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        rows = [np.asarray(v) for v in model._get_jax_state(trainable_variables=True)[0]]
+        results.append((model.get_weights(), model.evaluate(*mine, verbose=0),
+                        model.predict(probe, verbose=0), [r.size for r in rows]))
+    (plain, plain_loss, plain_out, _), (sharded, loss, out, sizes) = results
+    assert sum(sizes) < sum(int(np.prod(w.shape)) for w in sharded) or hvd.size() == 1
+    for got, want in zip(sharded, plain):
+        np.testing.assert_array_equal(got, want)
+    assert loss == pytest.approx(plain_loss, rel=1e-6)
+    np.testing.assert_allclose(out, plain_out, rtol=1e-6)

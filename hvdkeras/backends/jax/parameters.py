@@ -19,15 +19,17 @@ travel through the step as the state and nothing whole outlives it.
   trainer writes the state back (`jax_state_sync`) it assigns rows, which
   the variable keeps as they are (a whole value assigned is cut to this
   rank's rows instead). `hvdkeras.backends.jax.trainer_hooks` wraps those
-  trainer methods and the two that run the model.
+  trainer methods, the ones that run the model and the step methods (a
+  model class's own overrides too).
 - The forward pass. `compute_loss_and_updates` (training and evaluation)
-  and `predict_step` first make the rows whole: each gather group's rows
-  are packed per dtype into a block padded to the longest rank's, so every
-  rank's block has the same shape (what an allgather inside `jit` needs),
-  one allgather per block, each rank's part cut out in rank order. This
-  runs in one `custom_vjp` function whose backward pass is stage 2's
-  reduce-scatter of the whole gradients to their holders (the same units
-  and summation order, so the weights are stage 0's bit for bit).
+  and a model's `stateless_call` inside a step first make the rows whole:
+  each gather group's rows are packed per dtype into a block padded to
+  the longest rank's, so every rank's block has the same shape (what an
+  allgather inside `jit` needs), one allgather per block, each rank's
+  part cut out in rank order. This runs in one `custom_vjp` function
+  whose backward pass is stage 2's reduce-scatter of the whole gradients
+  to their holders (the same units and summation order, so the weights
+  are stage 0's bit for bit).
 - Order. The ranks' programs differ in the update (what each holds), and
   XLA orders independent collectives by data dependencies (Note
   [collectives in call order] in `ops.py`). So the gathers run as one
