@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from mpi_runner import _kill_group, tail
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -26,48 +24,6 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
         _kill_group(proc)
         raise AssertionError(f"the driver did not finish in {timeout} s:\n"
                              f"{tail(proc.communicate(timeout=10)[0])}") from None
-    return out
-
-
-# Note [the lab's rank crash]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A rank of `hvdkeras.ray.run` or `hvdkeras.spark.run` on the lab's hosts
-# dies of SIGSEGV: up to 2026-11-28 three times, always under CI, never in
-# the 36 runs by hand that tried to catch it (core dumps on): twice while
-# the Ray ranks joined (the last lines TensorFlow's import), once in the
-# first steps of a KerasEstimator fit on Spark; on 2026-11-29 eight times,
-# always rank 2 of 3 just after TensorFlow's import, in CI and by hand. Both
-# go through hvdkeras/cluster/task_rank.py, whose ranks join through MPI
-# ports (MPI_Comm_connect/accept), which no other job here does. The rank's
-# faulthandler printed nothing, which points at a thread without Python or
-# its own signal stack. Until it is caught, a run whose rank died so is run
-# again, up to RERUNS_AFTER_A_CRASH times, printing each crashed run's end.
-# On 2026-11-29 the crash came in streaks (every run of one test module, on
-# one Spark cluster, then none for the next modules), so a test whose runs
-# all died so is marked an expected failure that names this note, with the
-# last run's end: every other failure still fails it. The crash is an open
-# bug, not a property of the lab.
-RERUNS_AFTER_A_CRASH = 2
-
-
-def crashed_rank(out: str) -> bool:
-    """Whether a driver's output says a rank died of SIGSEGV."""
-    return "exited with code 11" in out
-
-
-def finish_rerunning_a_crash(start, timeout: float, done: str) -> str:
-    """`finish(start(), timeout)`; again, up to `RERUNS_AFTER_A_CRASH` times,
-    while the run shows no `done` and a rank died of SIGSEGV, and an
-    expected failure if every run did (Note [the lab's rank crash])."""
-    out = finish(start(), timeout)
-    for _ in range(RERUNS_AFTER_A_CRASH):
-        if done in out or not crashed_rank(out):
-            break
-        print(f"\nKNOWN RANK CRASH (docs/testing.md), running once more:\n{tail(out)}")
-        out = finish(start(), timeout)
-    if done not in out and crashed_rank(out):
-        pytest.xfail(f"KNOWN RANK CRASH (Note [the lab's rank crash]) in all "
-                     f"{RERUNS_AFTER_A_CRASH + 1} runs; the last one's end:\n{tail(out)}")
     return out
 
 

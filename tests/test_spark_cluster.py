@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_drivers import finish_rerunning_a_crash, lose_a_rank_host
+from lab_drivers import finish, lose_a_rank_host
 from mpi_runner import _child_env, tail
 
 TESTS = Path(__file__).resolve().parent
@@ -67,7 +67,7 @@ def executors(out: str) -> list:
 
 @pytest.mark.timeout(400)
 def test_spark_run_puts_the_ranks_on_three_hosts(cluster, tmp_path):
-    out = finish_rerunning_a_crash(lambda: driver(cluster, "run", tmp_path), 300, "RESULT")
+    out = finish(driver(cluster, "run", tmp_path), 300)
     ranks = re.findall(r"RESULT rank (\d) host (\S+) sum 6\b", out)
     assert sorted(r for r, _ in ranks) == ["0", "1", "2"], tail(out)
     hosts = {h["host"] for h in cluster["lab"]["hosts"]}
@@ -77,8 +77,7 @@ def test_spark_run_puts_the_ranks_on_three_hosts(cluster, tmp_path):
 
 @pytest.mark.timeout(500)
 def test_keras_estimator_fits_across_three_hosts(cluster, tmp_path):
-    out = finish_rerunning_a_crash(lambda: driver(cluster, "estimator", tmp_path), 420,
-                                   "RESULT")
+    out = finish(driver(cluster, "estimator", tmp_path), 420)
     match = re.search(r"RESULT accuracy ([\d.]+) rows 1797", out)
     assert match and float(match.group(1)) > 0.9, tail(out)
     assert executors(out) == sorted(h["address"] for h in cluster["lab"]["hosts"]), tail(out)

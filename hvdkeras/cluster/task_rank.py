@@ -24,7 +24,23 @@ import time
 import traceback
 
 import cloudpickle
-from mpi4py import MPI
+import mpi4py
+
+# Note [a port-joined rank skips MPI_Finalize]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# These ranks join through MPI ports (Connect/Accept), and under MPICH's UCX
+# netmod MPI_Finalize at such a rank's exit sometimes died of SIGSEGV: a
+# core dump from the Spark lab (gdb) shows Py_FinalizeEx -> mpi4py's exit
+# hook -> PMPI_Finalize -> ucp_worker_destroy -> ucs_mpool_cleanup's leak
+# report -> ucp_proto_config_info_str calling through a dangling protocol
+# pointer, after the rank had sent its result. MPI_Finalize is also
+# collective over connected processes, a wait no rank can bound. So mpi4py
+# does not finalize here: the rank's exit hooks run (hvdkeras shuts its
+# engine down in one), the interpreter exits with the rank's code, and
+# mpiexec takes an exit without MPI_Finalize as any other (every rank of
+# these jobs runs this module, so none waits in MPI_Finalize for another).
+mpi4py.rc.finalize = False
+from mpi4py import MPI  # noqa: E402  (after the setting above)
 
 from hvdkeras.engine.world import init
 from hvdkeras.runner.service import Client
