@@ -9,9 +9,9 @@ the model in `compute_loss_and_updates` (training and evaluation) or
 with `variable.assign`. Those methods and the three step methods are
 wrapped once, on Keras's `JAXTrainer` class, when a sharded optimizer under
 JAX is first built, and a model class's own overrides of them (Keras's
-guide to customising `fit` under JAX) when its state is first collected;
-for a model without sharded weights the wrappers only check its variables'
-classes and call the methods they wrap.
+guide to customising `fit` under JAX) when Keras first makes its step
+function; for a model without sharded weights the wrappers only check its
+variables' classes and call the methods they wrap.
 
 What may import this module: `hvdkeras.backends.jax.parameters`.
 """
@@ -80,7 +80,7 @@ def install() -> None:
                 f"zero_stage=3 under JAX needs Keras's JAXTrainer methods {missing}, which "
                 "this Keras release does not have (checked on Keras 3.15); use zero_stage=2, "
                 "or the TensorFlow or torch backend.")
-        cls._get_jax_state = _state_of_rows(cls._get_jax_state, cls)
+        cls._get_jax_state = _state_of_rows(cls._get_jax_state)
         for name in MAKERS:
             setattr(cls, name, _overrides_first(getattr(cls, name), cls))
         for name, wrap in _WRAPPERS.items():
@@ -88,11 +88,9 @@ def install() -> None:
         _done = True
 
 
-def _state_of_rows(original: Callable, trainer_class: type) -> Callable:
+def _state_of_rows(original: Callable) -> Callable:
     @functools.wraps(original)
     def _get_jax_state(self, *args, **kwargs):
-        if _has_sharded_weights(self):
-            _wrap_overrides(type(self), trainer_class)
         with reading_rows():
             return original(self, *args, **kwargs)
 
@@ -101,7 +99,8 @@ def _state_of_rows(original: Callable, trainer_class: type) -> Callable:
 
 def _overrides_first(original: Callable, trainer_class: type) -> Callable:
     """`make_train_function` and its kin: Keras takes the step method when
-    it makes the function (before it first collects the state)."""
+    it makes the function, and every trainer entry point makes it before it
+    collects the state or runs a step."""
     @functools.wraps(original)
     def make_function(self, *args, **kwargs):
         if _has_sharded_weights(self):
@@ -115,8 +114,7 @@ def _wrap_overrides(model_class: type, trainer_class: type) -> None:
     """Wraps a subclass's own `train_step`, `compute_loss_and_updates` and
     the like, as Keras's are: the model a user customises the way Keras's
     JAX guide shows still runs on whole weights and marks its steps. Runs
-    before Keras takes a step method (when it makes the step's function)
-    and before it collects a step's state."""
+    before Keras takes a step method (when it makes the step's function)."""
     for klass in model_class.__mro__:
         if klass is trainer_class:
             return
@@ -126,9 +124,14 @@ def _wrap_overrides(model_class: type, trainer_class: type) -> None:
                 setattr(klass, name, wrap(method))
 
 
+def _sharded_owner(variable: Any) -> Any:
+    """The JAX sharded weights `variable` belongs to, or None."""
+    owner = getattr(variable, "_hvdkeras_parameters", None)
+    return owner if hasattr(owner, "whole_for_step") else None
+
+
 def _has_sharded_weights(model: Any) -> bool:
-    return any(hasattr(getattr(v, "_hvdkeras_parameters", None), "whole_for_step")
-               for v in getattr(model, "trainable_variables", ()))
+    return any(_sharded_owner(v) is not None for v in getattr(model, "trainable_variables", ()))
 
 
 def _marked(wrapper: Callable) -> Callable:
@@ -186,8 +189,8 @@ def whole_values(variables: Sequence[Any], values: Sequence[Any]) -> Sequence[An
         return values  # not the model's own state: Keras's checks report it
     by_owner: dict = {}
     for index, variable in enumerate(variables):
-        owner = getattr(variable, "_hvdkeras_parameters", None)
-        if hasattr(owner, "whole_for_step"):  # JAX's sharded weights
+        owner = _sharded_owner(variable)
+        if owner is not None:
             by_owner.setdefault(id(owner), (owner, {}))[1][
                 owner.state.position(variable)] = index
     if not by_owner:
