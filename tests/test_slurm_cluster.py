@@ -194,8 +194,8 @@ def test_srun_ends_the_step_when_a_rank_fails_at_start_up(cluster, tmp_path):
     (tmp_path / "fail.py").write_text(FAIL_AT_START)
     start = time.monotonic()
     # Each task's stderr goes to a file its node's slurmstepd writes: srun's
-    # own relay of a task's last lines can lose the race with -K's teardown
-    # (seen once in CI: srun reported task 1's exit but not its message).
+    # own relay of a task's last lines can lose the race with -K's teardown,
+    # which then reports the task's exit without its message.
     result = slurm("srun", "-K", "-N", "2", "-n", "2", "--mpi=pmi2",
                    f"--error={tmp_path}/err-%t.txt", f"--output={tmp_path}/out-%t.txt",
                    sys.executable, tmp_path / "fail.py", timeout=120)
