@@ -1,5 +1,6 @@
 """Reducing `tf.IndexedSlices` (sparse gradients such as Embedding's) by
-gathering every rank's rows: duplicates add up, as one process would see them.
+gathering every rank's rows: duplicates add up, as one process would see them
+(Note [sparse gradients at every rank count]).
 
 What may import this module: the rest of `hvdkeras.collectives`,
 `hvdkeras.training.gradient_reduction` and `hvdkeras.sharding` (whose
@@ -80,18 +81,90 @@ def reduce_slices(slices: Sequence[tf.IndexedSlices], wire_op: int, prescale: fl
                   postscale: float, compress: Callable[[tf.Tensor], Any],
                   decompress: Callable[[tf.Tensor, Any], tf.Tensor], name: str,
                   ps: SetView) -> List[tf.IndexedSlices]:
-    """Sparse gradients reduced by gathering: every rank's rows of each, in
-    rank order, their values compressed on the wire and then scaled, so the
-    optimizer sees what one process would on the global batch, repeated rows
-    included (Keras's Adam squares each row before summing repeats, so a
-    densified sum would give other weights)."""
+    """Sparse gradients reduced as one process on the global batch would
+    see them (Note [sparse gradients at every rank count]): every rank's rows
+    of each, in rank order, their values compressed on the wire and then
+    scaled, except that a lookup every rank made with the same rows (a
+    position table read with `arange`) has its ranks' values added row by
+    row, as one process's backward pass adds them over the batch."""
     scale = sparse_scale(wire_op, prescale, postscale, ps.size)
     packed = [compress(s.values) for s in slices]
-    gathered = gather_slices([tf.IndexedSlices(p[0], s.indices, dense_shape=s.dense_shape)
-                              for s, p in zip(slices, packed)], name, ps.set_id)
-    return [tf.IndexedSlices(scale_values(decompress(g.values, p[1]), scale), g.indices,
-                             dense_shape=g.dense_shape)
-            for g, p in zip(gathered, packed)]
+    counts = [tf.reshape(tf.size(s.indices, out_type=s.indices.dtype), [1]) for s in slices]
+    gathered = grouped_allgather_mixed(
+        [p[0] for p in packed] + [s.indices for s in slices] + counts, name=name,
+        process_set_id=ps.set_id)
+    k = len(slices)
+    out = []
+    for s, p, values, indices, all_counts in zip(slices, packed, gathered[:k],
+                                                  gathered[k:2 * k], gathered[2 * k:]):
+        values = scale_values(decompress(values, p[1]), scale)
+        values, indices = merge_identical_lookups(values, indices, all_counts, ps.size)
+        out.append(tf.IndexedSlices(values, indices, dense_shape=s.dense_shape))
+    return out
+
+
+def merge_identical_lookups(values: tf.Tensor, indices: tf.Tensor, counts: tf.Tensor,
+                            size: int):
+    """Gathered rows with each rank's repeated lookup added up.
+
+    Note [sparse gradients at every rank count]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Keras 3's optimizers take a `tf.IndexedSlices` gradient slice by slice:
+    Adam, for one, squares each slice's values before it adds the repeats
+    of a row. So what a step does depends on how the gradient is cut into
+    slices, and N ranks match one process only if they hand the optimizer
+    the slices one process would have made. Two kinds of lookup make them:
+    - rows picked by the batch (token ids): one slice per occurrence, at
+      any rank count, so one process's slices are all ranks' slices
+      together. Gathering them gives exactly those.
+    - rows picked the same for the whole batch (a position or segment
+      table read with `arange(maxlen)` and broadcast over the batch): the
+      backward pass adds the batch's gradients before the lookup's, so one
+      process makes one slice per row, summed over the global batch, and
+      every rank makes the same rows with its part of that sum. Gathering
+      would hand the optimizer N part-slices per row (for Adam, the sum of
+      the parts' squares, not the square of their sum).
+    Every rank's indices and their count travel with the values, so every
+    rank sees the same gathered rows and takes the same decision: when all
+    ranks sent the same indices in the same order, their values are added
+    row by row (in rank order) and the optimizer gets one rank's indices
+    with the sums, as from one process; otherwise the rows stay as
+    gathered. A gradient that mixes both kinds in one variable (a table
+    read by the batch and also by `arange`) keeps its gathered rows, and
+    per-batch lookups whose ids happen to be identical on every rank in a
+    step are added (as a dense gradient would be); docs/keras-training.md
+    says so.
+
+    Args:
+        values: The gathered values, rank 0's rows first.
+        indices: The gathered indices, in the same order.
+        counts: How many rows each rank sent (one entry per rank).
+        size: The number of ranks that sent rows.
+
+    Returns:
+        `(values, indices)`: as given, or each rank's shared rows summed.
+    """
+    if size == 1:
+        return values, indices
+    first = counts[0]
+    rows = values.shape[1:]
+
+    def identical() -> tf.Tensor:
+        per_rank = tf.reshape(indices, tf.stack([tf.constant(size, first.dtype), first]))
+        return tf.reduce_all(tf.equal(per_rank, per_rank[:1]))
+
+    same = tf.cond(tf.reduce_all(tf.equal(counts, first)), identical,
+                   lambda: tf.constant(False))
+
+    def summed():
+        shape = tf.concat([tf.stack([tf.constant(size, tf.int64), tf.cast(first, tf.int64)]),
+                           tf.shape(values, out_type=tf.int64)[1:]], 0)
+        return tf.reduce_sum(tf.reshape(values, shape), 0), indices[:first]
+
+    merged_values, merged_indices = tf.cond(same, summed, lambda: (values, indices))
+    merged_values.set_shape(tf.TensorShape([None]).concatenate(rows))
+    merged_indices.set_shape([None])
+    return merged_values, merged_indices
 
 
 def rows_of_slices(slices: tf.IndexedSlices, begin: int, end: int) -> tf.IndexedSlices:
