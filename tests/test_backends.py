@@ -51,7 +51,8 @@ def test_backend_files_found():
 def test_backend_parallel_file(backend, test_file, ranks):
     if test_file.stem.endswith("_specific") and not test_file.stem.startswith(f"test_{backend}"):
         pytest.skip(f"{test_file.name} is for another backend")
-    if test_file.stem == "test_backend_training" and ranks != 2:
+    if test_file.stem in ("test_backend_training", "test_backend_layers_and_policies") \
+            and ranks != 2:
         pytest.skip("training equivalence runs at 2 ranks (the collectives at 2 and 3)")
     result, reports = run_pytest_under_mpi(
         ranks, test_file, timeout=TIMEOUT, env=backend_env(backend),

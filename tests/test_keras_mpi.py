@@ -73,6 +73,18 @@ def test_keras_parallel_file(session):
     assert_every_rank_passed(2, result, reports)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_sparse_lookups_train_as_one_process_at_three_ranks():
+    """Each kind of lookup at 3 ranks (the 2-rank session runs the whole file):
+    an odd rank count, where a shared table's rows come from three ranks."""
+    result, reports = run_pytest_under_mpi(
+        3, [TESTS / "keras_parallel" / "test_sparse_lookups.py"], timeout=TIMEOUT,
+        extra_args=["-rfE", "-W", "ignore::DeprecationWarning", "-k",
+                    "each_kind or shared_table or zero_stages"])
+    assert_every_rank_passed(3, result, reports)
+
+
 def _train(*args):
     return run_under_mpi(2, [str(SCRIPTS / "resume_training.py"), *map(str, args)],
                          timeout=TIMEOUT)

@@ -228,6 +228,26 @@ def _check_passes(optimizer: keras.optimizers.Optimizer, passes: int) -> None:
             "compiling or training with it.")
 
 
+def _with_loss_scaling(optimizer: keras.optimizers.Optimizer,
+                       passes: int) -> keras.optimizers.Optimizer:
+    """Under the "mixed_float16" policy, `optimizer` inside a
+    LossScaleOptimizer that the distributed one will hold (Note [distributed
+    wrapper outside loss scaling]): `compile()` would otherwise wrap the
+    distributed optimizer, and its overflow check would see this rank's
+    gradients alone."""
+    lso_class = keras.optimizers.LossScaleOptimizer
+    if keras.config.dtype_policy().name != "mixed_float16" or isinstance(optimizer, lso_class):
+        return optimizer
+    if passes > 1:
+        raise ValueError(
+            f"backward_passes_per_step={passes} under the 'mixed_float16' policy is not "
+            f"supported under the {frameworks.keras_backend()} backend: the loss scaling "
+            "that policy needs would hand its gradients to the inner optimizer before they "
+            "are accumulated. Use 'mixed_bfloat16' (no loss scaling), or give the optimizer "
+            "gradient_accumulation_steps= and leave backward_passes_per_step=1.")
+    return lso_class(optimizer)
+
+
 def is_distributed(optimizer: Any) -> bool:
     """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
     return isinstance(optimizer, _TorchDistributedMixin)
@@ -276,7 +296,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
             full-size buffers of its own and reduces once per window.
 
     Returns:
-        The distributed optimizer (the same object, converted in place).
+        The distributed optimizer: the same object, converted in place, or
+        under the "mixed_float16" policy a `LossScaleOptimizer` around it
+        (made here, so that `compile()` keeps it and the overflow check
+        sees the averaged gradients).
 
     Example:
 
@@ -285,6 +308,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,
     model.compile(optimizer=opt, loss="mse")
     ```
     """
+    optimizer = _with_loss_scaling(optimizer, backward_passes_per_step)
     _check_passes(optimizer, backward_passes_per_step)
     if op not in (Average, Sum, Adasum):
         raise ValueError(f"DistributedOptimizer under the {frameworks.keras_backend()} backend "

@@ -1,18 +1,29 @@
-"""Batch normalization over the whole global batch (Horovod's `SyncBatchNormalization`).
+"""Batch normalization over the whole global batch (Horovod's
+`SyncBatchNormalization`), under every Keras backend.
 
-What may import this module: the top-level package (it imports TensorFlow).
+What may import this module: the top-level package. It loads no framework
+itself: the statistics are `keras.ops`, and the one allreduce is the running
+backend's (TensorFlow's op, or the torch and JAX bindings', each with its
+gradient).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import importlib
+from typing import Any, Callable, Optional
 
 import keras
-import tensorflow as tf
 
-from hvdkeras.collectives.reduction import allreduce
-from hvdkeras.engine import world
+from hvdkeras.backends import dispatch
+from hvdkeras.engine import frameworks, world
 from hvdkeras.engine.types import Sum
+
+
+def _allreduce() -> Callable[..., Any]:
+    """The running backend's allreduce (imported on first use: it loads the framework)."""
+    if frameworks.keras_backend() == frameworks.TENSORFLOW:
+        return importlib.import_module("hvdkeras.collectives.reduction").allreduce
+    return dispatch.backend_function("allreduce")
 
 
 @keras.saving.register_keras_serializable(package="hvdkeras")
@@ -21,12 +32,14 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     In training, the mean and variance are those of the global batch (the
     batches of all ranks together), as one process training on the global
-    batch would compute them: each rank sums its rows' values and squares,
-    one allreduce adds the sums over ranks (ranks may hold different numbers
-    of rows; a `mask` weights the rows), and the moving averages follow the
-    global statistics, so they stay identical on every rank. Gradients flow
-    through the allreduce. At inference it is the plain layer. Small
-    per-rank batches (detection, segmentation) are where this matters.
+    batch computes them, under TensorFlow, JAX and torch. Each rank sums its
+    rows' values and squares, one allreduce per layer and step adds the sums
+    over ranks (ranks may hold different numbers of rows; a `mask` weights
+    the rows), and the moving averages follow the global statistics, so they
+    stay identical on every rank and rank 0's checkpoint holds everyone's.
+    Gradients flow through the allreduce. At inference, and on one rank, it
+    is the plain layer. Small per-rank batches (detection, segmentation) are
+    where this matters.
 
     Takes every argument of `keras.layers.BatchNormalization` except
     `renorm` and `synchronized` (Keras' own cross-replica option for
@@ -56,34 +69,46 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
                                    else [self.axis])]
         return [i for i in range(rank) if i not in kept]
 
-    def _global_moments(self, inputs: tf.Tensor, mask: Optional[tf.Tensor]):
+    def _global_moments(self, inputs: Any, mask: Optional[Any]):
+        """The global batch's mean and variance, in the moving statistics' shape.
+
+        The sums are taken around the moving mean, which is the same on
+        every rank (it follows the global statistics from the same start), so
+        the variance keeps its precision once that mean is near the batch's.
+        """
+        ops = keras.ops
         axes = self._reduced_axes(len(inputs.shape))
+        shift = ops.stop_gradient(ops.cast(self.moving_mean, inputs.dtype))
+        kept_shape = [1 if i in axes else inputs.shape[i] for i in range(len(inputs.shape))]
+        centred = inputs - ops.reshape(shift, kept_shape)
         if mask is None:
-            weights = tf.ones_like(inputs)
+            weights = ops.ones_like(inputs)
         else:
-            weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), inputs.dtype),
-                                      tf.shape(inputs))
-        local = tf.concat([tf.reshape(tf.reduce_sum(weights * inputs, axes), [-1]),
-                           tf.reshape(tf.reduce_sum(weights * tf.square(inputs), axes), [-1]),
-                           tf.reshape(tf.reduce_sum(weights, axes), [-1])], axis=0)
-        total = allreduce(local, op=Sum, name=f"hvdkeras_sync_bn_{self.name}")
-        total_sum, total_squares, count = tf.split(total, 3)
-        count = tf.maximum(count, 1.0)
-        mean = total_sum / count
-        variance = tf.maximum(total_squares / count - tf.square(mean), 0.0)
+            weights = ops.broadcast_to(ops.cast(ops.expand_dims(mask, -1), inputs.dtype),
+                                       ops.shape(inputs))
+        local = ops.concatenate([
+            ops.reshape(ops.sum(weights * centred, axes), [-1]),
+            ops.reshape(ops.sum(weights * ops.square(centred), axes), [-1]),
+            ops.reshape(ops.sum(weights, axes), [-1])], axis=0)
+        total = _allreduce()(local, op=Sum, name=f"hvdkeras_sync_bn_{self.name}")
+        total_sum, total_squares, count = ops.split(total, 3)
+        count = ops.maximum(count, 1.0)
+        offset = total_sum / count
+        variance = ops.maximum(total_squares / count - ops.square(offset), 0.0)
         shape = self.moving_mean.shape  # the kept axes' sizes
-        return tf.reshape(mean, shape), tf.reshape(variance, shape)
+        return ops.reshape(shift + offset, shape), ops.reshape(variance, shape)
 
     def call(self, inputs, training=None, mask=None):
         if not (training and self.trainable) or world.size() == 1:
             return super().call(inputs, training=training, mask=mask)
-        x = tf.cast(inputs, "float32")  # as the plain layer computes, for float16 inputs too
+        ops = keras.ops
+        x = ops.cast(inputs, "float32")  # as the plain layer computes, for float16 inputs too
         mean, variance = self._global_moments(x, mask)
         self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1.0 - self.momentum))
         self.moving_variance.assign(
             self.moving_variance * self.momentum + variance * (1.0 - self.momentum))
-        outputs = keras.ops.batch_normalization(
+        outputs = ops.batch_normalization(
             x=x, mean=mean, variance=variance, axis=self.axis,
             offset=self.beta if self.center else None,
             scale=self.gamma if self.scale else None, epsilon=self.epsilon)
-        return keras.ops.cast(outputs, self.compute_dtype)
+        return ops.cast(outputs, self.compute_dtype)
