@@ -64,6 +64,9 @@ _PUBLIC: Dict[str, str] = {
     "DistributedGradientTape": "hvdkeras.training.gradient_tape",
     "Compression": "hvdkeras.collectives.compression",
     "broadcast_model": "hvdkeras.training.model_sync",
+    # torch.optim, under horovod.torch's names.
+    **dict.fromkeys(("broadcast_parameters", "broadcast_optimizer_state"),
+                    "hvdkeras.backends.torch.state_broadcast"),
     "SyncBatchNormalization": "hvdkeras.training.sync_batch_norm",
     "save_model_atomic": "hvdkeras.training.checkpoint_writing",
     "gathered_optimizer_state": "hvdkeras.sharding.state_transfer",
@@ -152,6 +155,8 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
                                                  PartialDistributedGradientTape)
     from hvdkeras.training.model_loading import load_model
     from hvdkeras.training.model_sync import broadcast_model
+    from hvdkeras.backends.torch.state_broadcast import (broadcast_optimizer_state,
+                                                         broadcast_parameters)
     from hvdkeras.training.sync_batch_norm import SyncBatchNormalization
     from hvdkeras.training.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
                                              is_distributed)

@@ -224,3 +224,29 @@ def test_a_migrated_keras2_script_with_runtime_paths_runs(tmp_path):
         "checkpoint-1.weights.h5", "checkpoint-2.weights.h5", "exported.keras",
         "final.weights.h5"]
     assert "is written and read as" in run.stdout  # it says where the files went
+
+
+TORCH_SCRIPT = """\
+import torch
+import horovod.torch as hvd
+
+hvd.init()
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                     backward_passes_per_step=2)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+handle = hvd.allreduce_async(torch.ones(2), name="x")
+total = hvd.synchronize(handle)
+"""
+
+
+def test_a_horovod_torch_script_keeps_torch_names_and_hears_what_to_change():
+    result = migrate(TORCH_SCRIPT)
+    assert result.text == TORCH_SCRIPT.replace("import horovod.torch as hvd",
+                                               "import hvdkeras as hvd")
+    assert "lr=0.01" in result.text  # a torch optimizer's own keyword, not Keras 2's
+    notes = " ".join(what for _, what in result.notes)
+    assert "KERAS_BACKEND=torch" in notes
+    assert "hvd.allreduce_async" in notes and "hvd.synchronize" in notes

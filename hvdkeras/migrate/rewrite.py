@@ -19,7 +19,7 @@ from hvdkeras.migrate.edits import Edit, Locator, apply
 
 # Horovod's Keras-facing modules, all of which hvdkeras replaces.
 HOROVOD_MODULES = {"horovod.tensorflow.keras": "hvdkeras", "horovod.keras": "hvdkeras",
-                   "horovod.tensorflow": "hvdkeras",
+                   "horovod.tensorflow": "hvdkeras", "horovod.torch": "hvdkeras",
                    "horovod.tensorflow.keras.callbacks": "hvdkeras.callbacks",
                    "horovod.keras.callbacks": "hvdkeras.callbacks",
                    "horovod.spark": "hvdkeras.spark",
@@ -34,6 +34,20 @@ NOT_IN_HVDKERAS = {
                                   "hvd.callbacks.BroadcastGlobalVariablesCallback(0) or "
                                   "hvd.broadcast_model(model)",
 }
+# horovod.torch names hvdkeras does not offer, with what to do instead.
+NOT_IN_HVDKERAS_TORCH = {
+    **dict.fromkeys(("allreduce_async", "allreduce_async_", "allgather_async",
+                     "broadcast_async", "broadcast_async_", "grouped_allreduce_async",
+                     "synchronize", "poll"),
+                    "horovod.torch's handles: call the blocking collective "
+                    "(hvd.allreduce, hvd.allgather, hvd.broadcast) instead; the "
+                    "DistributedOptimizer's hooks already reduce during backward()"),
+    "allreduce_": "in-place allreduce: write t.copy_(hvd.allreduce(t))",
+    "SyncBatchNorm": "use torch.nn.SyncBatchNorm's statistics with hvd.allreduce, or a Keras "
+                     "model with hvd.SyncBatchNormalization",
+}
+# A torch optimizer's `lr=` is its own name, not Keras 2's.
+TORCH_OPTIMIZER_PREFIXES = ("torch.optim.", "optim.")
 _TF1_SESSION = {"get_session", "set_session", "Session", "ConfigProto"}
 
 
@@ -81,6 +95,7 @@ class _Rules(ast.NodeVisitor):
         self.has_keras_import = False
         self.keras_import_after: Optional[int] = None  # line of the tensorflow import
         self.uses_tf_keras = False
+        self.torch_script = False  # imports horovod.torch
 
     def edit(self, start: int, end: int, text: str, line: int, what: str) -> None:
         self.edits.append(Edit(start, end, text, line, what))
@@ -114,6 +129,13 @@ class _Rules(ast.NodeVisitor):
                 self.hvd_names.add(alias.asname)
                 self.replace(node, f"import {HOROVOD_MODULES.get(alias.name, 'hvdkeras')} as "
                                    f"{alias.asname}", f"import {alias.name} -> hvdkeras")
+                if alias.name == "horovod.torch":
+                    self.torch_script = True
+                    self.note(node, "a horovod.torch script: run it with KERAS_BACKEND=torch, "
+                                    "so that hvd.allreduce and the other collectives take and "
+                                    "return torch tensors (DistributedOptimizer, "
+                                    "broadcast_parameters and broadcast_optimizer_state work "
+                                    "under any backend)")
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
@@ -163,6 +185,9 @@ class _Rules(ast.NodeVisitor):
             self.note(node, f"{chain}: Keras 3 has no sessions; remove it")
         elif chain and chain.split(".", 1)[0] in self.hvd_names and node.attr in NOT_IN_HVDKERAS:
             self.note(node, f"{chain}: {NOT_IN_HVDKERAS[node.attr]}")
+        elif chain and chain.split(".", 1)[0] in self.hvd_names and self.torch_script \
+                and node.attr in NOT_IN_HVDKERAS_TORCH:
+            self.note(node, f"{chain}: {NOT_IN_HVDKERAS_TORCH[node.attr]}")
         self.generic_visit(node)
 
     # --- calls -------------------------------------------------------------------
@@ -170,7 +195,9 @@ class _Rules(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         name = dotted(node.func) or ""
         last = name.rsplit(".", 1)[-1]
-        if last in OPTIMIZER_CLASSES:
+        torch_optimizer = name.startswith(TORCH_OPTIMIZER_PREFIXES) or (
+            self.torch_script and "keras" not in name)
+        if last in OPTIMIZER_CLASSES and not torch_optimizer:
             self._optimizer_arguments(node)
         if last == "compile":
             for keyword in node.keywords:

@@ -15,6 +15,7 @@ top-level package.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import keras
@@ -42,6 +43,9 @@ def _implementation() -> Any:
 
 def is_distributed(optimizer: Any) -> bool:
     """Whether `optimizer` was returned by `hvdkeras.DistributedOptimizer`."""
+    torch_optim = _torch_optimizer_module(optimizer)
+    if torch_optim is not None:
+        return torch_optim.is_distributed(optimizer)
     return _implementation().is_distributed(optimizer)
 
 
@@ -53,6 +57,15 @@ def check_model_optimizer_nesting(model: Any) -> None:
     if (optimizer is not None and isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
             and not is_distributed(optimizer) and inner is not None and is_distributed(inner)):
         raise ValueError(guards.NESTING_MESSAGE)
+
+
+def _torch_optimizer_module(optimizer: Any) -> Optional[Any]:
+    """The module that distributes `torch.optim` optimizers, when `optimizer`
+    is one (torch is imported already if it is); otherwise None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(optimizer, torch.optim.Optimizer):
+        return None
+    return importlib.import_module("hvdkeras.backends.torch.torch_optim")
 
 
 def _check_arguments(backward_passes_per_step: int, average_aggregated_gradients: bool) -> None:
@@ -98,7 +111,8 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
                          device_sparse: str = "",
                          process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True,
-                         zero_stage: int = 0) -> keras.optimizers.Optimizer:
+                         zero_stage: int = 0,
+                         named_parameters: Optional[Any] = None) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer average gradients across all ranks.
 
     Gradients are reduced at the top of `Optimizer.apply`, before the
@@ -113,6 +127,12 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     taken on the averaged gradients, identically on every rank (`compile()`
     then keeps it as is). The reverse nesting, a LossScaleOptimizer around a
     distributed optimizer, raises an error when it is built or applied.
+
+    A `torch.optim` optimizer is taken too, with `horovod.torch`'s semantics
+    (gradients reduced by hooks during `backward()`, `synchronize()`,
+    `skip_synchronize()`, `named_parameters`, `backward_passes_per_step`,
+    `op`, `compression`, `num_groups`, `groups`, `sparse_as_dense`,
+    `process_set`; see `docs/custom-loops.md`).
 
     Saving: a `.keras` file records the plain optimizer (e.g. `Adam`) and
     its state; load it with or without hvdkeras and wrap
@@ -166,6 +186,10 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
             eagerly is then a collective: see the docs). Results equal
             stage 0's (bit for bit on one host); checkpoints written
             through hvdkeras are normal, unsharded files.
+        named_parameters: For a `torch.optim` optimizer only:
+            `model.named_parameters()`, which names each gradient's request
+            (as in `horovod.torch`; also accepted as the second positional
+            argument, where Horovod's torch API has it).
 
     Returns:
         The distributed optimizer.
@@ -181,6 +205,22 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
     ```
     """
     _check_arguments(backward_passes_per_step, average_aggregated_gradients)
+    torch_optim = _torch_optimizer_module(optimizer)
+    if torch_optim is not None:
+        if name is not None and not isinstance(name, str):  # horovod.torch's positional order
+            named_parameters, name = name, None
+        if zero_stage or average_aggregated_gradients:
+            raise ValueError("A torch.optim optimizer takes horovod.torch's arguments: "
+                             "zero_stage and average_aggregated_gradients are for Keras "
+                             "optimizers.")
+        return torch_optim.DistributedOptimizer(
+            optimizer, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+            groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set, name=name)
+    if named_parameters is not None:
+        raise ValueError("named_parameters is for torch.optim optimizers; a Keras optimizer "
+                         "names its requests after its variables.")
     implementation = _implementation()
     optimizer = _keras_optimizer(optimizer, implementation)
     check_zero_stage(zero_stage, op, process_set, optimizer, backward_passes_per_step)
