@@ -25,6 +25,7 @@ _PUBLIC_MODULES: Dict[str, str] = {
     "schedules": "hvdkeras.training.schedules",
     "runner": "hvdkeras.runner",
     "recipes": "hvdkeras.recipes",
+    "inputs": "hvdkeras.inputs",
 }
 
 # Other public names -> the module that defines them.
@@ -78,6 +79,10 @@ _PUBLIC: Dict[str, str] = {
     "TrainingPosition": "hvdkeras.training.checkpoint_restore",
     "fit_verbose": "hvdkeras.training.output",
     "scale_lr": "hvdkeras.training.schedules",
+    # Each rank's share of the data (Note [shard before shuffling]).
+    "shard_dataset": "hvdkeras.inputs.tf_data",
+    "DistributedSampler": "hvdkeras.inputs.torch_data",
+    **dict.fromkeys(("shard_arrays", "ShardedPyDataset"), "hvdkeras.inputs.arrays"),
     # Launching.
     "run": "hvdkeras.runner.function_runner",
     "Runner": "hvdkeras.spark.horovod_runner",
@@ -119,7 +124,7 @@ def __dir__() -> List[str]:
 
 
 if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
-    from hvdkeras import callbacks, elastic, recipes, runner
+    from hvdkeras import callbacks, elastic, inputs, recipes, runner
     from hvdkeras.collectives import (allgather, allgather_object, allreduce, alltoall, barrier,
                                       broadcast, broadcast_, broadcast_global_variables,
                                       broadcast_object, broadcast_variables,
@@ -139,6 +144,9 @@ if TYPE_CHECKING:  # what static analysers and IDEs see; nothing runs
                                        mpi_threads_supported, rank, shutdown, size,
                                        start_timeline, stop_timeline)
     from hvdkeras.gpu.pin import pin_gpu
+    from hvdkeras.inputs.arrays import ShardedPyDataset, shard_arrays
+    from hvdkeras.inputs.tf_data import shard_dataset
+    from hvdkeras.inputs.torch_data import DistributedSampler
     from hvdkeras.recipes import load_recipe
     from hvdkeras.recipes.validation import RecipeError
     from hvdkeras.runner.function_runner import RankFailedError, run

@@ -363,3 +363,25 @@ def inside_keras_save() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def dataset_op_types(dataset: Any) -> Optional[set]:
+    """The op types of the graph that makes a `tf.data` dataset (e.g.
+    "ShuffleDatasetV3"), or None where TensorFlow cannot say.
+
+    Uses `tf.data.Dataset._as_serialized_graph()` (checked on TensorFlow
+    2.16.2 to 2.21.0); tf.data has no public way to list a pipeline's
+    transformations. Used to refuse a pipeline that shuffles before it is
+    sharded; if the method moves, the check is skipped (None).
+    """
+    import tensorflow as tf  # lazy: only tf.data pipelines are inspected
+
+    serialize = getattr(dataset, "_as_serialized_graph", None)
+    if serialize is None:
+        return None
+    try:
+        graph = tf.compat.v1.GraphDef.FromString(serialize().numpy())
+    except Exception:  # a dataset TensorFlow cannot serialise (a Python generator's state)
+        return None
+    return ({node.op for node in graph.node}
+            | {node.op for function in graph.library.function for node in function.node_def})

@@ -42,12 +42,15 @@ ALLOWED: Dict[str, Set[str]] = {
                           "hvdkeras.host"},
     "hvdkeras.training": {"hvdkeras.collectives", "hvdkeras.engine", "hvdkeras.compat",
                           "hvdkeras.sharding", "hvdkeras.backends", "hvdkeras.host"},
-    "hvdkeras.callbacks": {"hvdkeras.training", "hvdkeras.sharding", "hvdkeras.collectives",
+    # Each rank's share of the input data: below callbacks and recipes.
+    "hvdkeras.inputs": {"hvdkeras.engine", "hvdkeras.compat"},
+    "hvdkeras.callbacks": {"hvdkeras.inputs",
+                           "hvdkeras.training", "hvdkeras.sharding", "hvdkeras.collectives",
                            "hvdkeras.gpu", "hvdkeras.backends", "hvdkeras.host",
                            "hvdkeras.engine", "hvdkeras.compat",
                            "hvdkeras.report.run_data"},  # the figures' key prefix
     "hvdkeras.runner": {"hvdkeras.engine.config", "hvdkeras.engine.failfast"},  # both stdlib-only
-    "hvdkeras.recipes": {"hvdkeras.callbacks", "hvdkeras.training", "hvdkeras.collectives",
+    "hvdkeras.recipes": {"hvdkeras.callbacks", "hvdkeras.inputs", "hvdkeras.training", "hvdkeras.collectives",
                          "hvdkeras.gpu", "hvdkeras.engine", "hvdkeras.runner",
                          "hvdkeras.report.run_data"},  # run.json's name, the figures' prefix
     # The estimator's training function runs on the ranks: Keras training.

@@ -75,13 +75,15 @@ def test_keras_parallel_file(session):
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 60)
-def test_sparse_lookups_train_as_one_process_at_three_ranks():
-    """Each kind of lookup at 3 ranks (the 2-rank session runs the whole file):
-    an odd rank count, where a shared table's rows come from three ranks."""
+def test_sparse_lookups_and_data_shards_at_three_ranks():
+    """Each kind of lookup, and the data-sharding helpers, at 3 ranks (the
+    2-rank session runs both files whole): an odd rank count, where a shared
+    table's rows come from three ranks and rows split three ways."""
     result, reports = run_pytest_under_mpi(
-        3, [TESTS / "keras_parallel" / "test_sparse_lookups.py"], timeout=TIMEOUT,
+        3, [TESTS / "keras_parallel" / "test_sparse_lookups.py",
+            TESTS / "keras_parallel" / "test_data_shards.py"], timeout=TIMEOUT,
         extra_args=["-rfE", "-W", "ignore::DeprecationWarning", "-k",
-                    "each_kind or shared_table or zero_stages"])
+                    "each_kind or shared_table or zero_stages or test_data_shards"])
     assert_every_rank_passed(3, result, reports)
 
 

@@ -12,6 +12,7 @@ It imports `hvdkeras.training`, `hvdkeras.collectives`, `hvdkeras.gpu` and
 from hvdkeras.callbacks.best_model import BestModelCheckpoint
 from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback
 from hvdkeras.callbacks.checkpoint import CheckpointCallback
+from hvdkeras.callbacks.data_epochs import DataEpochCallback
 from hvdkeras.callbacks.engine_stats import EngineStatsCallback
 from hvdkeras.callbacks.gpu_stats import GPUStatsCallback
 from hvdkeras.callbacks.learning_rate_schedule import LearningRateScheduleCallback
@@ -20,7 +21,8 @@ from hvdkeras.callbacks.metric_average import MetricAverageCallback
 from hvdkeras.callbacks.standard import standard_callbacks
 
 __all__ = [
-    "BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "CheckpointCallback", "EngineStatsCallback",
+    "BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "CheckpointCallback", "DataEpochCallback",
+    "EngineStatsCallback",
     "GPUStatsCallback",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "MetricAverageCallback", "standard_callbacks",

@@ -8,6 +8,7 @@ import keras
 
 from hvdkeras.callbacks.broadcast_global_variables import BroadcastGlobalVariablesCallback
 from hvdkeras.callbacks.checkpoint import CheckpointCallback
+from hvdkeras.callbacks.data_epochs import DataEpochCallback
 from hvdkeras.callbacks.learning_rate_warmup import LearningRateWarmupCallback
 from hvdkeras.callbacks.metric_average import MetricAverageCallback
 
@@ -27,7 +28,8 @@ def standard_callbacks(root_rank: int = 0,
     1. `BroadcastGlobalVariablesCallback(root_rank)`: identical start on all
        ranks (and XLA off for the train step).
     2. `MetricAverageCallback()`: epoch metrics averaged before anything
-       below reads them.
+       below reads them, and `DataEpochCallback()`: each epoch's number to
+       hvdkeras's `DistributedSampler`s (a new order every epoch).
     3. `LearningRateWarmupCallback` (if `warmup_initial_lr` is given).
     4. Your `callbacks` (e.g. `ReduceLROnPlateau`, `EarlyStopping`): they
        decide from averaged metrics, identically on every rank.
@@ -63,6 +65,7 @@ def standard_callbacks(root_rank: int = 0,
     result: List[keras.callbacks.Callback] = [
         BroadcastGlobalVariablesCallback(root_rank),
         MetricAverageCallback(),
+        DataEpochCallback(),
     ]
     if warmup_initial_lr is not None:
         result.append(LearningRateWarmupCallback(warmup_initial_lr, warmup_epochs=warmup_epochs,

@@ -24,6 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from hvdkeras.inputs.tf_data import shard_dataset
 from hvdkeras.recipes.data_files import (DataError, compression_for, csv_columns,
                                          expand_paths, load_digits, read_first_line,
                                          validation_mask)
@@ -204,14 +205,15 @@ def _count(dataset) -> int:
 def _finish(train, validation, data: dict, rank: int, size: int,
             train_examples: Optional[int] = None, validation_examples: Optional[int] = None,
             already_sharded: bool = False) -> Tuple[Any, Any, Optional[int], Optional[int]]:
-    if data["shard"] and size > 1 and not already_sharded:
-        train = train.shard(size, rank)
-        if validation is not None:
-            validation = validation.shard(size, rank)
-    if data["cache"]:
-        train = train.cache()
-        if validation is not None:
-            validation = validation.cache()
+    # Shard, then cache, then shuffle (Note [shard before shuffling]); the
+    # caller agrees on the steps per epoch, so the shards may differ by one.
+    shards = size if data["shard"] and not already_sharded else 1
+    sharding = dict(rank=rank if shards > 1 else 0, size=shards, equal_shards=False,
+                    cache=data["cache"])
+    train = shard_dataset(train, shuffle_buffer=data["shuffle_buffer"] if data["shuffle"]
+                          else None, seed=data["seed"], **sharding)
+    if validation is not None:
+        validation = shard_dataset(validation, **sharding)
     if train_examples is None:
         train_examples = _count(train)
     if validation is not None:
@@ -219,9 +221,6 @@ def _finish(train, validation, data: dict, rank: int, size: int,
             validation_examples = _count(validation)
         # A known length lets Keras run exactly one pass without a warning.
         validation = validation.apply(tf.data.experimental.assert_cardinality(validation_examples))
-    if data["shuffle"]:
-        train = train.shuffle(data["shuffle_buffer"], seed=data["seed"],
-                              reshuffle_each_iteration=True)
     batch = data["batch_size"]
     train = train.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
     if validation is not None:
