@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up the environment, then run the main job: the digits recipe on 2 ranks,
+# Set up the environment (hvdkeras and its core dependencies only), then run
+# the main job: the digits recipe on 2 ranks,
 #   hvdkeras train recipes/digits.yaml --np 2
 # (a small CNN on the bundled 8x8 digits; >= 95% validation accuracy in well
 # under 2 minutes on 2 CPU cores). Extra arguments go to `hvdkeras train`, e.g.
@@ -10,5 +11,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
-bash scripts/setup_env.sh >/dev/null
+# Only what the main job needs: hvdkeras and TensorFlow, Keras and MPI.
+# scripts/test.sh adds the test world (torch, JAX, Spark, Ray, Slurm) later.
+bash scripts/setup_env.sh --core >/dev/null
 exec "$VENV/bin/hvdkeras" train recipes/digits.yaml --np 2 "$@"

@@ -7,8 +7,14 @@
 # Ray tests), whose failures only make those tests skip with the reason.
 # Safe to run repeatedly: the install step is skipped while pyproject.toml
 # and setup.py are unchanged.
+# --core: hvdkeras and its own dependencies only (TensorFlow, Keras, MPI),
+# what the main job needs (scripts/demo.sh); a later full run adds the rest
+# to the same environment.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+
+CORE=0
+if [[ "${1:-}" == "--core" ]]; then CORE=1; fi
 
 PYTHON="${PYTHON:-python3}"
 if [[ ! -x "$VENV/bin/python" ]]; then
@@ -18,7 +24,18 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 
 STAMP="$VENV/.hvdkeras-install-stamp"
+CORE_STAMP="$VENV/.hvdkeras-core-install-stamp"
 WANTED="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
+if [[ $CORE == 1 ]]; then
+  if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
+     && [[ ! -f "$CORE_STAMP" || "$(cat "$CORE_STAMP")" != "$WANTED" ]]; then
+    echo "setup_env: installing hvdkeras (editable, its own dependencies only)" >&2
+    "$VENV/bin/python" -m pip install -e . >&2
+    echo "$WANTED" > "$CORE_STAMP"
+  fi
+  echo "$VENV"
+  exit 0
+fi
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
    || ! "$VENV/bin/python" -I -c "import importlib.util as u, sys; sys.exit(u.find_spec('hvdkeras') is None)" >/dev/null 2>&1; then
   echo "setup_env: installing hvdkeras (editable, with the test, spark, tensorboard," \

@@ -53,6 +53,21 @@ def test_automatic_build_needs_a_cuda_tensorflow_and_headers():
     assert not built and "nvidia-nccl-cu12" in why
 
 
+def test_no_driver_skips_the_gpu_part_unless_it_is_forced():
+    built, why = cuda_build.decide(None, "12.5.1", GOOD_HEADERS, driver=False)
+    assert not built and why.startswith("no NVIDIA driver") and "HVDKERAS_CUDA=1" in why
+    assert cuda_build.decide(True, "12.5.1", GOOD_HEADERS, driver=False)[0] is True
+    assert cuda_build.decide(None, None, GOOD_HEADERS, engine_only=True, driver=False)[0] is False
+
+
+def test_driver_present_looks_at_the_module_files_and_the_library(tmp_path):
+    marker = tmp_path / "version"
+    marker.write_text("NVRM")
+    assert cuda_build.driver_present([str(marker)], library="libhvdkeras-none.so")
+    assert not cuda_build.driver_present([str(tmp_path / "absent")],
+                                         library="libhvdkeras-none.so")
+
+
 def test_sources_without_a_gpu_part_build_none():
     assert cuda_build.decide(None, "12.5.1", GOOD_HEADERS, has_gpu_sources=False) == (
         False, "the op sources have no GPU part (cuda/kernels.cu)")

@@ -7,8 +7,8 @@ What it needs at build time is headers of the CUDA version TensorFlow was
 built with (TensorFlow's GPU wheel ships them) and ``nccl.h``.
 
 ``HVDKERAS_CUDA`` decides: ``1`` builds the GPU part or fails saying what
-is missing, ``0`` never builds it, unset builds it when TensorFlow is a CUDA
-build and the headers are found (without TensorFlow, when the engine is built
+is missing, ``0`` never builds it, unset builds it when an NVIDIA driver is
+present, TensorFlow is a CUDA build and the headers are found (without TensorFlow, when the engine is built
 alone, whenever the CUDA and NCCL headers are found). ``decide`` is the pure rule; ``cuda_inputs``
 gathers the facts it needs and what the build records (and hashes into the
 cache key).
@@ -56,8 +56,25 @@ def requested(environ: Mapping[str, str] | None = None) -> bool | None:
                          "or leave it unset (build it when TensorFlow is a CUDA build)")
 
 
+def driver_present(paths: Iterable[str] = ("/proc/driver/nvidia/version", "/dev/nvidiactl"),
+                   library: str = "libcuda.so.1") -> bool:
+    """Whether this machine has an NVIDIA driver: its kernel module's files,
+    or its user-space library loadable (a container given the driver's
+    library without /proc/driver/nvidia)."""
+    if any(os.path.exists(p) for p in paths):
+        return True
+    import ctypes  # lazy: only the automatic CUDA decision loads the library
+
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True
+
+
 def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
-           has_gpu_sources: bool = True, engine_only: bool = False) -> tuple[bool, str]:
+           has_gpu_sources: bool = True, engine_only: bool = False,
+           driver: bool = True) -> tuple[bool, str]:
     """Whether to build the GPU part, and why (or why not).
 
     Args:
@@ -70,6 +87,10 @@ def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
         engine_only: the engine is built without TensorFlow (none is
             installed: Note [the engine alone]); the headers found need match
             no TensorFlow, since the GPU part loads the CUDA runtime it finds.
+        driver: ``driver_present()``: with none, the automatic choice skips
+            the GPU part (it could never run here, and compiling it takes
+            most of the first build); ``HVDKERAS_CUDA=1`` builds it anyway
+            (a container image built without a GPU, or CI's CUDA leg).
 
     Returns:
         (build it, a sentence saying why).
@@ -86,6 +107,9 @@ def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
     if wanted is False:
         return False, f"{ENV_VARIABLE}=0"
     problem = None
+    if wanted is None and not driver:
+        return False, (f"no NVIDIA driver on this machine ({ENV_VARIABLE}=1 builds the GPU "
+                       "part anyway)")
     if not has_gpu_sources:
         problem = "the op sources have no GPU part (cuda/kernels.cu)"
     elif tf_cuda_version is None and not engine_only:
@@ -195,8 +219,10 @@ def cuda_inputs(tf_build_info: Mapping, tf_include: Path | None, source_dir: Pat
     headers = find_headers(tf_include)
     if engine_only:
         headers = add_nvrtc_headers(headers)
-    build, reason = decide(requested(environ), tf_cuda, headers,
-                           (Path(source_dir) / KERNEL_SOURCE).is_file(), engine_only)
+    wanted = requested(environ)
+    build, reason = decide(wanted, tf_cuda, headers,
+                           (Path(source_dir) / KERNEL_SOURCE).is_file(), engine_only,
+                           driver=wanted is not None or driver_present())
     return {
         "with_cuda": build,
         "cuda_reason": reason,
