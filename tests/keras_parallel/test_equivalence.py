@@ -299,3 +299,39 @@ def test_steps_per_execution_matches_one_process():
     assert int(model.optimizer.iterations.numpy()) == STEPS
     assert_weights_close(model.get_weights(), _reference("adam").get_weights(),
                          "steps_per_execution=2")
+
+
+class _SumRegularizer(keras.layers.Layer):
+    """The guide's activity regularizer: a term that sums over the batch."""
+
+    def __init__(self, ranks, **kwargs):
+        super().__init__(**kwargs)
+        self.ranks = ranks
+
+    def call(self, inputs):
+        self.add_loss(1e-2 * self.ranks * keras.ops.sum(keras.ops.square(inputs)))
+        return inputs
+
+
+def test_losses_that_sum_over_the_batch_need_the_rank_count():
+    """docs/custom-loops.md's rule: a term summed over each rank's rows counts
+    1/N once gradients are averaged; times hvd.size() it is one process's."""
+    x, y = _data()
+
+    def make(ranks, optimizer):
+        keras.utils.set_random_seed(SEED)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                                  _SumRegularizer(ranks), keras.layers.Dense(2)])
+        model.compile(optimizer=optimizer, loss="mse")
+        return model
+
+    reference = run_reference(lambda: make(1, keras.optimizers.SGD(0.05)), x, y,
+                              batch_size=hvd.size() * B)
+    for ranks, matches in ((hvd.size(), True), (1, False)):
+        model = make(ranks, hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)))
+        fit_distributed(model, shard(x, STEPS, B), shard(y, STEPS, B), batch_size=B)
+        if matches:
+            assert_weights_close(model.get_weights(), reference.get_weights(), "sum x size")
+        else:
+            with pytest.raises(AssertionError):
+                assert_weights_close(model.get_weights(), reference.get_weights(), "sum alone")
