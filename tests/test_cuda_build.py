@@ -60,6 +60,15 @@ def test_no_driver_skips_the_gpu_part_unless_it_is_forced():
     assert cuda_build.decide(None, None, GOOD_HEADERS, engine_only=True, driver=False)[0] is False
 
 
+def test_without_driver_variable_keeps_the_automatic_choice(tmp_path):
+    environ = {"HVDKERAS_CUDA_WITHOUT_DRIVER": "1"}
+    sources = tmp_path / "ops"
+    (sources / "cuda").mkdir(parents=True)
+    (sources / "cuda" / "kernels.cu").write_text("")
+    inputs = cuda_build.cuda_inputs({"is_cuda_build": False}, None, sources, environ)
+    assert inputs["with_cuda"] is False and inputs["cuda_reason"] == "TensorFlow is a CPU-only build"
+
+
 def test_driver_present_looks_at_the_module_files_and_the_library(tmp_path):
     marker = tmp_path / "version"
     marker.write_text("NVRM")

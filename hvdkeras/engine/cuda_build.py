@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 ENV_VARIABLE = "HVDKERAS_CUDA"
+# "1": the automatic choice takes the machine as if it had an NVIDIA driver
+# (CI's CUDA leg, on a machine without a GPU); everything else it checks stays.
+WITHOUT_DRIVER_VARIABLE = "HVDKERAS_CUDA_WITHOUT_DRIVER"
 GENERATED_SOURCES_NAME = "cuda_kernel_sources.inc"
 KERNEL_SOURCE = Path("cuda") / "kernels.cu"
 # The NVIDIA wheels whose lib/ folders hold what the GPU part loads: CUDA 12's
@@ -88,9 +91,10 @@ def decide(wanted: bool | None, tf_cuda_version: str | None, headers: Mapping,
             installed: Note [the engine alone]); the headers found need match
             no TensorFlow, since the GPU part loads the CUDA runtime it finds.
         driver: ``driver_present()``: with none, the automatic choice skips
-            the GPU part (it could never run here, and compiling it takes
-            most of the first build); ``HVDKERAS_CUDA=1`` builds it anyway
-            (a container image built without a GPU, or CI's CUDA leg).
+            the GPU part (it could never run here); ``HVDKERAS_CUDA=1`` builds it anyway
+            (a container image built without a GPU), and
+            ``HVDKERAS_CUDA_WITHOUT_DRIVER=1`` keeps the rest of the
+            automatic choice (CI's CUDA leg).
 
     Returns:
         (build it, a sentence saying why).
@@ -220,9 +224,12 @@ def cuda_inputs(tf_build_info: Mapping, tf_include: Path | None, source_dir: Pat
     if engine_only:
         headers = add_nvrtc_headers(headers)
     wanted = requested(environ)
+    environ = os.environ if environ is None else environ
+    driver = (wanted is not None or environ.get(WITHOUT_DRIVER_VARIABLE, "") == "1"
+              or driver_present())
     build, reason = decide(wanted, tf_cuda, headers,
                            (Path(source_dir) / KERNEL_SOURCE).is_file(), engine_only,
-                           driver=wanted is not None or driver_present())
+                           driver=driver)
     return {
         "with_cuda": build,
         "cuda_reason": reason,
