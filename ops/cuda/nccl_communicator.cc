@@ -258,9 +258,15 @@ Status MakeNcclCommunicator(const std::string& id, int rank, int size, const Dev
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  s = Settle(*nccl, comm,
-             nccl->ncclCommInitRankConfig(&comm, size, unique, rank, &config),
-             "making the communicator", wait_seconds);
+  // The call writes `comm`; Settle reads it. Two statements: in one call's
+  // argument list the order of the two is unspecified (g++ happened to make
+  // the call first, clang reads a null communicator).
+  const ncclResult_t started = nccl->ncclCommInitRankConfig(&comm, size, unique, rank, &config);
+  s = Settle(*nccl, comm, started, "making the communicator", wait_seconds);
+  if (!s.ok()) {
+    s.message += " (NCCL allocates its buffers on the GPU here: a GPU out of memory fails "
+                 "this way; NCCL_DEBUG=WARN says why)";
+  }
   if (s.ok()) {
     out->reset(new NcclCommunicator(nccl, rt, where, stream, comm, wait_seconds));
   } else if (comm != nullptr) {
