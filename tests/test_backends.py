@@ -24,7 +24,13 @@ from mpi_runner import assert_every_rank_passed, describe, run_command, run_pyte
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-PARALLEL = sorted((TESTS / "backends_parallel").glob("test_*.py"))
+ALL_FILES = sorted((TESTS / "backends_parallel").glob("test_*.py"))
+# Files that run in the session of another (one job start each, where the
+# ranks' imports are most of the cost).
+COMPANIONS = {"test_backend_training": ["test_backend_layers_and_policies"],
+              "test_torch_specific": ["test_torch_optim_specific"]}
+PARALLEL = [p for p in ALL_FILES
+            if p.stem not in {c for group in COMPANIONS.values() for c in group}]
 TIMEOUT = 240
 HVDKERASRUN = Path(sys.executable).parent / "hvdkerasrun"
 BACKENDS = ["torch", "jax"]
@@ -42,6 +48,8 @@ def backend_env(backend: str) -> dict:
 def test_backend_files_found():
     assert {"test_backend_collectives.py", "test_backend_training.py", "test_torch_specific.py",
             "test_jax_specific.py"} <= {p.name for p in PARALLEL}
+    assert {f"{c}.py" for group in COMPANIONS.values() for c in group} <= \
+        {p.name for p in ALL_FILES}
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
@@ -51,11 +59,11 @@ def test_backend_files_found():
 def test_backend_parallel_file(backend, test_file, ranks):
     if test_file.stem.endswith("_specific") and not test_file.stem.startswith(f"test_{backend}"):
         pytest.skip(f"{test_file.name} is for another backend")
-    if test_file.stem in ("test_backend_training", "test_backend_layers_and_policies") \
-            and ranks != 2:
+    if test_file.stem == "test_backend_training" and ranks != 2:
         pytest.skip("training equivalence runs at 2 ranks (the collectives at 2 and 3)")
+    files = [test_file] + [test_file.parent / f"{c}.py" for c in COMPANIONS.get(test_file.stem, [])]
     result, reports = run_pytest_under_mpi(
-        ranks, test_file, timeout=TIMEOUT, env=backend_env(backend),
+        ranks, files, timeout=TIMEOUT, env=backend_env(backend),
         extra_args=["-rfE", "-W", "ignore::DeprecationWarning"])
     assert_every_rank_passed(ranks, result, reports)
 
