@@ -72,6 +72,80 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
   return ReleaseStreams(ctx, batch);
 }
 
+namespace {
+
+// Note [allgather in equal blocks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where every rank gives as many rows of each tensor as every other (JAX's
+// gathers, stage 3's padded blocks), the batch is one communicator
+// allgather, which NCCL runs as a ring (or NVLS) instead of all pairs of
+// sends and receives. A lone tensor is gathered straight into its output
+// (rank r's rows land at r's place); several are packed into this rank's
+// block of a fused buffer (each at a multiple of kDeviceAlignment),
+// gathered in place, and unpacked rank by rank. Rows come from the agreed
+// sizes, so every rank takes the same path; a joined rank gives no rows,
+// so an equal batch with rows holds no stand-ins.
+bool EqualRows(const std::vector<std::vector<int64_t>>& rows) {
+  for (const std::vector<int64_t>& per_rank : rows) {
+    for (int64_t r : per_rank) {
+      if (r != per_rank[0]) return false;
+    }
+  }
+  return true;
+}
+
+Status AllgatherInBlocks(ExecContext& ctx, const std::vector<PendingOp*>& batch,
+                         const std::vector<TensorRef*>& tensors,
+                         const std::vector<std::vector<int64_t>>& rows,
+                         const std::vector<char*>& outputs) {
+  const int size = ctx.mpi.size();
+  std::vector<int64_t> piece;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    piece.push_back(rows[i][0] * RowBytes(tensors[i]->shape, tensors[i]->dtype));
+  }
+  Status s;
+  if (tensors.size() == 1) {
+    Activity comm(ctx, batch, "NCCL_ALLGATHER");
+    s = ctx.device_comm->Allgather(tensors[0]->input, outputs[0], piece[0]);
+    if (s.ok()) ctx.device_comm_called = true;
+    return s;
+  }
+  const PackingPlan block = PlanPacking(piece, kDeviceAlignment, kMaxCopiesPerLaunch);
+  void* scratch = nullptr;
+  s = ctx.device->Scratch(ctx.device_lane, kFusionSlot, block.total_bytes * size, &scratch);
+  if (!s.ok()) return s;
+  char* buffer = static_cast<char*>(scratch);
+  char* mine = buffer + ctx.mpi.rank() * block.total_bytes;
+  std::vector<DeviceCopy> in, out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (piece[i] > 0) in.push_back({tensors[i]->input, mine + block.offsets[i], piece[i]});
+  }
+  if (!in.empty()) {
+    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
+    s = ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8, in, 1.0);
+    if (!s.ok()) return s;
+  }
+  {
+    Activity comm(ctx, batch, "NCCL_ALLGATHER");
+    s = ctx.device_comm->Allgather(mine, buffer, block.total_bytes);
+    if (!s.ok()) return s;
+    ctx.device_comm_called = true;
+  }
+  for (int r = 0; r < size; ++r) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (piece[i] > 0) {
+        out.push_back({buffer + r * block.total_bytes + block.offsets[i],
+                       outputs[i] + r * piece[i], piece[i]});
+      }
+    }
+  }
+  if (out.empty()) return Status::OK();
+  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+  return ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8, out, 1.0);
+}
+
+}  // namespace
+
 Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
   if (ctx.device == nullptr || ctx.device_comm == nullptr) return NoDevice();
   const int size = ctx.mpi.size();
@@ -97,6 +171,12 @@ Status RunDeviceAllgather(ExecContext& ctx, const std::vector<PendingOp*>& batch
   Status allocated;  // Note [a failed output allocation still takes part]
   s = ReceiveBuffers(ctx, tensors, shapes, &outputs, &allocated);
   if (!s.ok()) return s;
+  if (EqualRows(rows)) {  // Note [allgather in equal blocks]
+    s = WaitForNewOutputs(ctx, batch);
+    if (s.ok()) s = AllgatherInBlocks(ctx, batch, tensors, rows, outputs);
+    if (!s.ok()) return s;
+    return allocated.ok() ? ReleaseStreams(ctx, batch) : allocated;
+  }
   std::vector<DeviceSegment> sends, recvs;
   std::vector<DeviceCopy> own;
   for (size_t i = 0; i < tensors.size(); ++i) {

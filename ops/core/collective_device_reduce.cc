@@ -117,58 +117,157 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
   return ReleaseStreams(ctx, batch);
 }
 
-Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
-  if (ctx.device == nullptr || ctx.device_comm == nullptr) return NoDevice();
+namespace {
+
+// Note [reduce-scatter in equal blocks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where every tensor's first dimension divides by the ranks (JAX's always
+// do, and so do stage 3's padded blocks), every rank keeps as many rows of
+// each as every other, and the batch is one communicator reduce-scatter:
+// each rank sends and receives (n-1)/n of the buffer once, half of what an
+// allreduce moves. The fused buffer then holds one block per rank, in rank
+// order; block r holds, tensor after tensor (each at a multiple of
+// kDeviceAlignment), the rows rank r keeps, and the reduce-scatter leaves
+// this rank's block reduced in place. Uneven rows, which NCCL's
+// reduce-scatter does not take, reduce the whole buffer and keep this
+// rank's rows. The choice comes from the agreed shapes, so every rank makes
+// the same calls.
+bool EqualBlocks(const std::vector<TensorRef*>& tensors, int size) {
+  for (const TensorRef* t : tensors) {
+    if (t->shape.empty() || t->shape[0] % size != 0) return false;
+  }
+  return true;
+}
+
+Status ReduceScatterInBlocks(ExecContext& ctx, const std::vector<PendingOp*>& batch,
+                             const std::vector<TensorRef*>& tensors,
+                             const std::vector<void*>& outputs) {
   const Request& first = batch[0]->request;
   const DataType dtype = first.dtypes[0];
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
   const int size = ctx.mpi.size();
+  std::vector<int64_t> piece_bytes;
+  for (const TensorRef* t : tensors) piece_bytes.push_back(TensorBytes(*t) / size);
+  const PackingPlan block = PlanPacking(piece_bytes, kDeviceAlignment, kMaxCopiesPerLaunch);
+  void* scratch = nullptr;
+  Status s = ctx.device->Scratch(ctx.device_lane, kFusionSlot, block.total_bytes * size, &scratch);
+  if (!s.ok()) return s;
+  char* buffer = static_cast<char*>(scratch);
+  {
+    Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
+    std::vector<DeviceCopy> in;
+    for (int r = 0; r < size && s.ok(); ++r) {
+      for (size_t i = 0; i < tensors.size() && s.ok(); ++i) {
+        const int64_t count = piece_bytes[i] / element;
+        if (count == 0) continue;
+        char* slot = buffer + r * block.total_bytes + block.offsets[i];
+        if (tensors[i]->neutral) {
+          s = ctx.device->FillNeutral(ctx.device_lane, dtype, first.reduce_op, slot, count);
+        } else {
+          in.push_back({static_cast<const char*>(tensors[i]->input) + r * piece_bytes[i], slot,
+                        count});
+        }
+      }
+    }
+    if (s.ok() && !in.empty()) {
+      s = ctx.device->CopyScaled(ctx.device_lane, dtype, in, first.prescale);
+    }
+    if (!s.ok()) return s;
+  }
+  char* mine = buffer + ctx.mpi.rank() * block.total_bytes;
+  const int64_t block_count = block.total_bytes / element;
+  {
+    Activity comm(ctx, batch, "NCCL_REDUCESCATTER");
+    s = ctx.device_comm->ReduceScatter(buffer, mine, block_count, dtype,
+                                       WireOp(first.reduce_op));
+    if (!s.ok()) return s;
+    ctx.device_comm_called = true;
+  }
+  const int divisor = Divisor(first, size);
+  if (divisor != 1 || first.postscale != 1.0) {
+    Activity scale(ctx, batch, "POSTSCALE");
+    s = ctx.device->Finalize(ctx.device_lane, dtype, mine, block_count, divisor, first.postscale);
+    if (!s.ok()) return s;
+  }
+  std::vector<DeviceCopy> out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t count = piece_bytes[i] / element;
+    if (outputs[i] != nullptr && count > 0) out.push_back({mine + block.offsets[i], outputs[i], count});
+  }
+  if (out.empty()) return Status::OK();
+  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+  return ctx.device->CopyScaled(ctx.device_lane, dtype, out, 1.0);
+}
+
+// Uneven rows: the whole tensors are reduced in a fused buffer, and each
+// rank copies out its own rows.
+Status ReduceScatterWhole(ExecContext& ctx, const std::vector<PendingOp*>& batch,
+                          const std::vector<TensorRef*>& tensors,
+                          const std::vector<void*>& outputs) {
+  const DataType dtype = batch[0]->request.dtypes[0];
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  const int size = ctx.mpi.size();
+  const int me = ctx.mpi.rank();
+  PackingPlan plan;
+  char* buffer = nullptr;
+  Status s = FusedBuffer(ctx, tensors, &plan, &buffer);
+  if (s.ok()) s = ReduceInFusedBuffer(ctx, batch, tensors, plan, buffer);
+  if (!s.ok()) return s;
+  std::vector<DeviceCopy> out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorRef& t = *tensors[i];
+    int64_t start = 0;
+    for (int r = 0; r < me; ++r) start += ScatterRows(t.shape[0], size, r);
+    const int64_t rows = ScatterRows(t.shape[0], size, me);
+    const int64_t row_elements = RowBytes(t.shape, dtype) / element;
+    if (outputs[i] != nullptr && rows * row_elements > 0) {
+      out.push_back({buffer + plan.offsets[i] + start * row_elements * element, outputs[i],
+                     rows * row_elements});
+    }
+  }
+  if (out.empty()) return Status::OK();
+  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+  return ctx.device->CopyScaled(ctx.device_lane, dtype, out, 1.0);
+}
+
+}  // namespace
+
+Status RunDeviceReducescatter(ExecContext& ctx, const std::vector<PendingOp*>& batch) {
+  if (ctx.device == nullptr || ctx.device_comm == nullptr) return NoDevice();
+  const int size = ctx.mpi.size();
   const int me = ctx.mpi.rank();
   Status s = WaitForInputs(ctx, batch);
   if (!s.ok()) return s;
-  // The whole tensors are reduced in a fused buffer (ranks may keep unequal
-  // row counts, which NCCL's reduce-scatter does not take); each rank then
-  // copies out its own rows.
   std::vector<TensorRef*> tensors = TensorsOf(batch);
-  PackingPlan plan;
-  char* buffer = nullptr;
-  s = FusedBuffer(ctx, tensors, &plan, &buffer);
-  if (!s.ok()) return s;
-  std::vector<DeviceCopy> out;
+  // Bindings allocate the outputs when the op is queued (their rows are
+  // known then); one that did not leaves it to now. A joined rank's
+  // stand-in keeps nothing.
+  std::vector<void*> outputs(tensors.size(), nullptr);
   Status allocated;  // Note [a failed output allocation still takes part]
   bool allocated_now = false;
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRef& t = *tensors[i];
-    int64_t start = 0;
-    for (int r = 0; r < me; ++r) start += ScatterRows(t.shape[0], size, r);
-    const int64_t rows = ScatterRows(t.shape[0], size, me);
-    if (t.neutral) continue;  // a joined rank's stand-in keeps nothing
-    // Bindings allocate the output when the op is queued (its rows are
-    // known then); one that did not leaves it to now.
+    if (t.neutral) continue;
     void* output = t.output;
     if (output == nullptr && t.allocate_output) {
-      s = t.allocate_output(WithRows(t.shape, rows), &output);
       allocated_now = true;
+      const Status made =
+          t.allocate_output(WithRows(t.shape, ScatterRows(t.shape[0], size, me)), &output);
+      if (!made.ok()) {
+        if (allocated.ok()) allocated = made;
+        continue;
+      }
     }
-    if (!s.ok()) {
-      if (allocated.ok()) allocated = s;
-      s = Status::OK();
-      continue;
-    }
-    const int64_t row_elements = RowBytes(t.shape, dtype) / element;
-    if (rows * row_elements > 0) {
-      out.push_back({buffer + plan.offsets[i] + start * row_elements * element, output,
-                     rows * row_elements});
-    }
+    outputs[i] = output;
   }
-  if (allocated_now) s = WaitForNewOutputs(ctx, batch);
-  if (s.ok()) s = ReduceInFusedBuffer(ctx, batch, tensors, plan, buffer);
-  if (!s.ok()) return s;
-  if (!out.empty()) {
-    Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-    s = ctx.device->CopyScaled(ctx.device_lane, dtype, out, 1.0);
+  if (allocated_now) {
+    s = WaitForNewOutputs(ctx, batch);
     if (!s.ok()) return s;
   }
+  // Note [reduce-scatter in equal blocks].
+  s = EqualBlocks(tensors, size) ? ReduceScatterInBlocks(ctx, batch, tensors, outputs)
+                                 : ReduceScatterWhole(ctx, batch, tensors, outputs);
+  if (!s.ok()) return s;
   // A failed allocation fails the batch; the executor then releases the
   // streams (Executor::FinishFailedDeviceBatch).
   return allocated.ok() ? ReleaseStreams(ctx, batch) : allocated;

@@ -25,7 +25,12 @@ namespace hvdkeras {
 // early would leave them waiting in MPI until the stall bound ends the
 // whole job. So a rank whose allocation failed still exchanges (receiving
 // into scratch memory) and reports its error afterwards: it fails, the
-// others finish.
+// others finish. On the GPU path (device_steps.cc's ReceiveBuffers) the
+// rank receives into its lane's scratch memory, makes the same NCCL call
+// as the others, and then fails only that batch, after the framework's
+// streams were made to wait for the lane (Executor::FinishFailedDeviceBatch);
+// its session stays usable, since its communicator calls stayed in step
+// (Note [a failed GPU batch ends every rank] in device_session.h).
 
 // Note [one summation order on a host]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

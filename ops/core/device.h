@@ -31,6 +31,15 @@
 
 namespace hvdkeras {
 
+// The longest one communicator call (making it included) waits on the
+// host for its peers (Note [bounded NCCL calls] in ops/cuda), and the
+// longest the host waits for a lane's stream to finish what it queued. The
+// ranks reach an agreed call within moments of each other, so this needs
+// far less than the stall bound, which is sized for one rank's slow step; a
+// stall bound set lower lowers the communicator's (DeviceWaitSeconds in
+// device_session.h).
+constexpr double kDeviceWaitSeconds = 300.0;
+
 // Note [device lanes]
 // ~~~~~~~~~~~~~~~~~~~
 // A process has one Device, but every engine (one per process set, each on
@@ -91,8 +100,9 @@ class Device {
   virtual Status WaitForStream(const DeviceLane& where, void* framework_stream) = 0;
   // `framework_stream` waits for everything queued on the lane's stream now.
   virtual Status Release(const DeviceLane& where, void* framework_stream) = 0;
-  // The host waits until the lane's stream has finished everything queued:
-  // only when a failed batch could not release the framework's streams.
+  // The host waits until the lane's stream has finished everything queued,
+  // at most kDeviceWaitSeconds (an error after that): only when a failed
+  // batch could not release the framework's streams, and for the probe.
   virtual Status Synchronize(const DeviceLane& where) = 0;
   // A buffer of at least `bytes` reused across calls (`slot` tells apart
   // buffers needed at the same time). Its contents are not kept when it grows.
@@ -151,7 +161,18 @@ class DeviceCommunicator {
   virtual Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
                            ReduceOp op) = 0;
   virtual Status Broadcast(void* data, int64_t bytes, int root) = 0;
-  // Point-to-point bytes in one group: what allgather and alltoall need.
+  // Equal blocks (Note [reduce-scatter in equal blocks] in
+  // collective_device_reduce.cc): `send` holds one block of `count`
+  // elements per rank, in rank order; `recv` (this rank's block of `send`:
+  // in place) gets block `rank` reduced over every rank's `send`.
+  virtual Status ReduceScatter(const void* send, void* recv, int64_t count, DataType dtype,
+                               ReduceOp op) = 0;
+  // Equal blocks: every rank's `bytes` of `send` land in `recv` at
+  // rank x `bytes`, on every rank; `send` may be this rank's block of
+  // `recv` (in place).
+  virtual Status Allgather(const void* send, void* recv, int64_t bytes) = 0;
+  // Point-to-point bytes in one group: what allgather of uneven rows and
+  // alltoall need.
   virtual Status Exchange(const std::vector<DeviceSegment>& sends,
                           const std::vector<DeviceSegment>& recvs) = 0;
   // An error the communicator met on its own since it started (a peer that

@@ -14,6 +14,8 @@ namespace {
 
 // Each rank's "<host>: <GPU identity>" travels in a record of this size.
 constexpr int64_t kIdentityBytes = 256;
+// A record that starts with this holds why that rank cannot start instead.
+constexpr char kProblemMark = '\x01';
 
 Status Refused(const std::string& why) {
   return Status::Error(StatusCode::kPreconditionError,
@@ -28,7 +30,7 @@ std::string HostName() {
 
 // The GPU of a batch's tensors (-1 when all are a joined rank's stand-ins);
 // a batch on two GPUs is an error.
-Status BatchOrdinal(const MpiContext& mpi, const std::vector<PendingOp*>& batch, int* ordinal) {
+Status BatchOrdinal(const std::vector<PendingOp*>& batch, int* ordinal) {
   *ordinal = -1;
   for (PendingOp* op : batch) {
     for (const TensorRef& t : op->tensors) {
@@ -38,7 +40,6 @@ Status BatchOrdinal(const MpiContext& mpi, const std::vector<PendingOp*>& batch,
         return Status::Error(StatusCode::kInvalidArgument,
                              "collective '" + op->request.name + "' mixes GPUs " +
                                  std::to_string(*ordinal) + " and " + std::to_string(t.device) +
-                                 " on rank " + std::to_string(mpi.rank()) +
                                  ": hvdkeras runs one GPU per process (hvdkeras.pin_gpu()).");
       }
     }
@@ -67,26 +68,30 @@ Status DeviceSession::Prepare(const MpiContext& mpi, const std::vector<PendingOp
   // Note [a failed GPU batch ends every rank]: nothing more runs here.
   if (!failure_.ok()) return failure_;
   int ordinal = -1;
-  Status s = BatchOrdinal(mpi, batch, &ordinal);
-  if (!s.ok()) return s;
-  if (!comm_) return Start(mpi, ordinal);
-  if (ordinal >= 0 && ordinal != ordinal_) {
-    return Status::Error(StatusCode::kInvalidArgument,
-                         "rank " + std::to_string(mpi.rank()) + " used GPU " +
-                             std::to_string(ordinal_) + " and now GPU " +
-                             std::to_string(ordinal) + ": hvdkeras runs one GPU per process; "
-                             "call hvdkeras.pin_gpu() before building the model.");
+  Status s = BatchOrdinal(batch, &ordinal);
+  // Note [GPU checks are agreed]: the first batch's checks join Start's
+  // agreement; a later batch's fail through Fail.
+  if (!comm_) return Start(mpi, ordinal, s);
+  if (s.ok() && ordinal >= 0 && ordinal != ordinal_) {
+    s = Status::Error(StatusCode::kInvalidArgument,
+                      "rank " + std::to_string(mpi.rank()) + " used GPU " +
+                          std::to_string(ordinal_) + " and now GPU " + std::to_string(ordinal) +
+                          ": hvdkeras runs one GPU per process; call hvdkeras.pin_gpu() before "
+                          "building the model.");
   }
-  return Status::OK();
+  if (!s.ok()) Fail(s);
+  return s;
 }
 
-Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
+Status DeviceSession::Start(const MpiContext& mpi, int ordinal, const Status& checked) {
   // A batch of stand-ins alone (a joined rank) names no GPU: use the one
   // this process was pinned to or has used, not another rank's GPU 0.
   const int use = ordinal >= 0 ? ordinal : DefaultDevice();
   const DeviceBackend* backend = GetDeviceBackend();
   std::string problem;
-  if (backend == nullptr) {
+  if (!checked.ok()) {
+    problem = checked.message;
+  } else if (backend == nullptr) {
     problem = kNoGpuPart;
   } else if ((device_ = backend->device(&problem)) == nullptr) {
     problem = "no GPU is usable: " + problem;
@@ -96,8 +101,11 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
     Status ready = device_->Prepare({use, lane_});
     if (!ready.ok()) problem = ready.message;
   }
-  // Every rank learns every rank's GPU, so all see the same sharing.
-  std::string mine = problem.empty() ? HostName() + ": " + device_->Identity(use) : "";
+  // Every rank learns every rank's GPU, or why it has none, so all see the
+  // same sharing and the same problems, and end with the same reasons
+  // without another exchange.
+  std::string mine =
+      problem.empty() ? HostName() + ": " + device_->Identity(use) : kProblemMark + problem;
   mine.resize(kIdentityBytes, '\0');
   std::vector<char> all(static_cast<size_t>(kIdentityBytes * mpi.size()));
   std::vector<int64_t> sizes(mpi.size(), kIdentityBytes), displs(mpi.size());
@@ -105,20 +113,38 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
   Status s = mpi.Allgatherv(mine.data(), kIdentityBytes, all.data(), sizes, displs);
   if (!s.ok()) return s;
   std::vector<std::string> identities;
+  std::string problems;
   for (int r = 0; r < mpi.size(); ++r) {
     const char* record = all.data() + r * kIdentityBytes;
-    identities.emplace_back(record, strnlen(record, kIdentityBytes));
+    std::string text(record, strnlen(record, kIdentityBytes));
+    if (!text.empty() && text[0] == kProblemMark) {
+      // This rank's own reason in full; another's as far as its record held.
+      const std::string why = r == mpi.rank() ? problem : text.substr(1);
+      problems += (problems.empty() ? "" : "; ") + ("on rank " + std::to_string(r) + ", " + why);
+      text.clear();
+    }
+    identities.push_back(std::move(text));
+  }
+  if (!problems.empty()) {
+    device_ = nullptr;
+    return Refused(problems);
   }
   const std::string shared = SharedGpu(identities);
+  if (!shared.empty()) {
+    device_ = nullptr;
+    return Refused(shared);
+  }
 
-  // Rank 0 makes the communicator's id and every rank receives it; then all
-  // ranks agree that each can go on before any starts the communicator
-  // (which waits for all of them): one rank's problem makes every rank fail
-  // with a reason instead of leaving the others waiting.
+  // Rank 0 makes the communicator's id and every rank receives it: an empty
+  // id tells every rank that rank 0 could not.
   std::string id;
-  if (mpi.rank() == 0 && problem.empty() && shared.empty()) {
+  std::string id_problem;
+  if (mpi.rank() == 0) {
     s = backend->new_unique_id(&id);
-    if (!s.ok()) problem = s.message;
+    if (!s.ok()) {
+      id.clear();
+      id_problem = s.message;
+    }
   }
   int64_t id_bytes = static_cast<int64_t>(id.size());
   s = mpi.Broadcast(&id_bytes, sizeof(id_bytes), 0);
@@ -128,15 +154,10 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal) {
     s = mpi.Broadcast(id.data(), id_bytes, 0);
     if (!s.ok()) return s;
   }
-  int32_t can_start = problem.empty() && shared.empty() && id_bytes > 0 ? 1 : 0;
-  s = mpi.Allreduce(nullptr, &can_start, 1, DataType::kInt32, ReduceOp::kMin);
-  if (!s.ok()) return s;
-  if (can_start == 0) {
+  if (id_bytes == 0) {
     device_ = nullptr;
-    if (!shared.empty()) return Refused(shared);
-    if (!problem.empty()) return Refused("on rank " + std::to_string(mpi.rank()) + ", " + problem);
-    return Refused(id_bytes == 0 ? "rank 0 could not start them"
-                                 : "another rank has no usable GPU (see its error)");
+    return Refused(mpi.rank() == 0 ? "on rank 0, " + id_problem
+                                   : "rank 0 could not make the communicator's id (see its error)");
   }
   ordinal_ = use;
   // And once more after: a rank whose communicator failed must not leave

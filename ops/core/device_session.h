@@ -32,12 +32,23 @@ namespace hvdkeras {
 // out) or an output the framework could not allocate (Note [a failed output
 // allocation still takes part] in collectives.h) keeps the calls in step
 // and fails only that batch.
-// The longest one communicator call (making it included) waits on the
-// host for its peers: Note [bounded NCCL calls] in ops/cuda. The ranks reach
-// an agreed call within moments of each other, so this needs far less than
-// the stall bound, which is sized for one rank's slow step; a stall bound
-// set lower lowers it too.
-constexpr double kDeviceWaitSeconds = 300.0;
+
+// Note [GPU checks are agreed]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What one rank checks about its own batch (all tensors on one GPU, the
+// same GPU as before) must not let that rank skip a step the others take.
+// At the first GPU batch every rank enters Start's exchanges, a rank whose
+// batch failed its check included: its reason travels in its identity
+// record, so every rank refuses the batch naming the same ranks and
+// reasons, and no communicator is made. After that, a failed check goes
+// through Fail: the others are already in the batch's communicator call,
+// and only the agreed stop frees them (Note [a failed GPU batch ends every
+// rank]). The fusion key carries the device kind, not the GPU: the ordinal
+// is one rank's own fact, and fusing by it would plan different batches on
+// different ranks; a batch that mixes GPUs fails its check instead.
+
+// How long one communicator call may wait for its peers: kDeviceWaitSeconds
+// in core/device.h, or the stall bound where that is lower.
 inline double DeviceWaitSeconds(double stall_shutdown_seconds) {
   return stall_shutdown_seconds > 0 && stall_shutdown_seconds < kDeviceWaitSeconds
              ? stall_shutdown_seconds
@@ -85,7 +96,9 @@ class DeviceSession {
   DeviceLane lane() const { return {ordinal_, lane_}; }
 
  private:
-  Status Start(const MpiContext& mpi, int ordinal);
+  // `checked`: this rank's own check of the first batch (one GPU per
+  // batch), which the agreement covers with the rest.
+  Status Start(const MpiContext& mpi, int ordinal, const Status& checked);
   // Ends the communicator (aborted, or finished in order) and unregisters
   // its lane from the GPU.
   void EndCommunicator(bool abort);

@@ -156,15 +156,21 @@ Status CudaDevice::EngineStream(const DeviceLane& where, cudaStream_t* stream) {
   return s;
 }
 
-bool CudaDevice::Drained(cudaStream_t stream, double seconds) const {
+Status CudaDevice::Finish(cudaStream_t stream, double seconds) const {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(seconds));
   while (true) {
     const cudaError_t e = rt_->cudaStreamQuery(stream);
-    if (e != cudaErrorNotReady) return e == cudaSuccess;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (e == cudaSuccess) return Status::OK();
+    if (e != cudaErrorNotReady) return Check(e, "finishing the engine stream");
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::Error(StatusCode::kAborted,
+                           "the engine's GPU stream did not finish what it had queued within " +
+                               std::to_string(static_cast<int>(seconds)) +
+                               " s (a communicator call waiting for a rank that stopped?)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 
@@ -189,7 +195,7 @@ void CudaDevice::ReleaseLane(int lane) {
     if (rt_->cudaSetDevice(devices[i]) != cudaSuccess) continue;
     // The lane's engine has stopped and its communicator is gone, so what
     // it queued ends soon; memory a stream might still use is left alone.
-    if (!Drained(l.stream, kLaneDrainSeconds)) continue;
+    if (!Finish(l.stream, kLaneDrainSeconds).ok()) continue;
     for (ScratchBuffer& b : l.scratch) {
       if (b.data != nullptr) rt_->cudaFree(b.data);
     }
@@ -251,8 +257,7 @@ void CudaDevice::ReleaseMark(void* mark) {
 Status CudaDevice::Synchronize(const DeviceLane& where) {
   PerLane* lane = nullptr;
   Status s = Enter(where, &lane);
-  return s.ok() ? Check(rt_->cudaStreamSynchronize(lane->stream), "finishing the engine stream")
-                : s;
+  return s.ok() ? Finish(lane->stream, kDeviceWaitSeconds) : s;
 }
 
 Status CudaDevice::TakeEvent(int device, PooledEvent** event) {
@@ -337,7 +342,8 @@ Status CudaDevice::Grow(PerLane& lane, ScratchBuffer& buffer, int64_t bytes) {
   const int64_t wanted = (grown + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
   Status s = Status::OK();
   if (!g.async_memory) {
-    s = Check(rt_->cudaStreamSynchronize(lane.stream), "finishing the engine stream");
+    // Bounded: the stream may hold a communicator call whose peer stopped.
+    s = Finish(lane.stream, kDeviceWaitSeconds);
   }
   if (s.ok() && buffer.data != nullptr) {
     // Stream-ordered on the lane's own stream, the only one that uses this

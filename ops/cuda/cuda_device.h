@@ -116,9 +116,10 @@ class CudaDevice : public Device {
   CudaDevice(const Runtime* rt, const Driver* driver, int count)
       : rt_(rt), driver_(driver), count_(count) {}
   Status Check(cudaError_t result, const char* what) const;
-  // Whether `stream` finished everything queued within `seconds` (a bounded
-  // cudaStreamSynchronize).
-  bool Drained(cudaStream_t stream, double seconds) const;
+  // OK once `stream` has finished everything queued; an error when it met
+  // one or is still busy after `seconds` (a bounded cudaStreamSynchronize:
+  // no wait of the engine's is unbounded).
+  Status Finish(cudaStream_t stream, double seconds) const;
   Status Grow(PerLane& lane, ScratchBuffer& buffer, int64_t bytes);
   // Makes `where.device` current on the calling thread and the lane ready.
   Status Enter(const DeviceLane& where, PerLane** lane);

@@ -40,7 +40,7 @@ namespace cuda {
   X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy)              \
   X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclAllReduce) X(ncclBroadcast) X(ncclSend)  \
   X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd) X(ncclGetErrorString)                     \
-  X(ncclCommInitRankConfig) X(ncclCommFinalize)
+  X(ncclCommInitRankConfig) X(ncclCommFinalize) X(ncclReduceScatter) X(ncclAllGather)
 
 #define HVDKERAS_FUNCTION_POINTER(name) decltype(&::name) name = nullptr;
 

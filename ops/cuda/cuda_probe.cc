@@ -102,11 +102,17 @@ Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double resul
     // Bytes moved (each copy reads and writes `total` twice: in and out).
     results[i] = ms[i] > 0 ? 2.0 * 2.0 * static_cast<double>(total) / (ms[i] * 1e6) : 0.0;
   }
-  rt->cudaStreamSynchronize(stream);
-  for (void* p : {inputs, outputs, fused}) {
-    if (p != nullptr) rt->cudaFree(p);
+  // Bounded, like every wait of the engine's; memory a stream that did not
+  // finish might still use is left to the process's end.
+  const Status finished = device->Synchronize(probe);
+  if (finished.ok()) {
+    for (void* p : {inputs, outputs, fused}) {
+      if (p != nullptr) rt->cudaFree(p);
+    }
   }
-  return s;
+  // The probe's lane (its stream and scratch memory) goes with it.
+  device->ReleaseLane(kProbeLane);
+  return s.ok() ? finished : s;
 }
 
 }  // namespace cuda

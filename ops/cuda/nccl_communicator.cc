@@ -148,6 +148,23 @@ class NcclCommunicator : public DeviceCommunicator {
                    "broadcast");
   }
 
+  Status ReduceScatter(const void* send, void* recv, int64_t count, DataType dtype,
+                       ReduceOp op) override {
+    ncclDataType_t type;
+    if (!NcclType(dtype, &type)) return Unsupported(dtype);
+    if (count == 0) return Status::OK();
+    return Settled(nccl_->ncclReduceScatter(send, recv, static_cast<size_t>(count), type,
+                                            NcclOp(op), comm_, stream_),
+                   "reduce-scatter");
+  }
+
+  Status Allgather(const void* send, void* recv, int64_t bytes) override {
+    if (bytes == 0) return Status::OK();
+    return Settled(nccl_->ncclAllGather(send, recv, static_cast<size_t>(bytes), ncclUint8, comm_,
+                                        stream_),
+                   "allgather");
+  }
+
   Status Exchange(const std::vector<DeviceSegment>& sends,
                   const std::vector<DeviceSegment>& recvs) override {
     if (sends.empty() && recvs.empty()) return Status::OK();

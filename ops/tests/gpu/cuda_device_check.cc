@@ -213,6 +213,17 @@ int main(int argc, char** argv) {
     bool exact = s.ok();
     for (float v : out) exact = exact && v == 2.5f;
     Report("NCCL allreduce and broadcast on the engine stream", exact, s.message);
+    // At one rank a reduce-scatter and an allgather are copies: in place,
+    // and into a second buffer.
+    float* other = ToDevice(*rt, std::vector<float>(4096, 0.0f));
+    s = comm->ReduceScatter(data, data, 4096, DataType::kFloat32, ReduceOp::kSum);
+    if (s.ok()) s = comm->Allgather(data, other, 4096 * sizeof(float));
+    if (s.ok()) s = device->Synchronize(lane);
+    const std::vector<float> gathered = ToHost(*rt, other, 4096);
+    exact = s.ok();
+    for (float v : gathered) exact = exact && v == 2.5f;
+    Report("NCCL reduce-scatter and allgather on the engine stream", exact, s.message);
+    rt->cudaFree(other);
     start = std::chrono::steady_clock::now();
     comm.reset();
     Report("NCCL communicator ended in order", true, std::to_string(Seconds(start)) + " s");

@@ -132,6 +132,25 @@ class HostCommunicator : public hvdkeras::DeviceCommunicator {
     g_log.push_back("broadcast");
     return mpi_.Broadcast(data, bytes, root);
   }
+  Status ReduceScatter(const void* send, void* recv, int64_t count, DataType dtype,
+                       ReduceOp op) override {
+    g_log.push_back("reducescatter");
+    CHECK(op != ReduceOp::kAverage);
+    // The stand-in reduces every block and keeps this rank's.
+    const int64_t block = count * hvdkeras::DataTypeSize(dtype);
+    std::vector<char> whole(static_cast<const char*>(send),
+                            static_cast<const char*>(send) + block * mpi_.size());
+    Status s = mpi_.Allreduce(nullptr, whole.data(), count * mpi_.size(), dtype, op);
+    if (s.ok()) std::memcpy(recv, whole.data() + block * mpi_.rank(), block);
+    return s;
+  }
+  Status Allgather(const void* send, void* recv, int64_t bytes) override {
+    g_log.push_back("allgather");
+    const bool in_place = send == static_cast<char*>(recv) + bytes * mpi_.rank();
+    MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(bytes), MPI_BYTE, recv,
+                  static_cast<int>(bytes), MPI_BYTE, MPI_COMM_WORLD);
+    return Status::OK();
+  }
   Status Exchange(const std::vector<DeviceSegment>& sends,
                   const std::vector<DeviceSegment>& recvs) override {
     g_log.push_back("exchange");
@@ -510,6 +529,7 @@ TEST(AlltoallSendsEachRankItsRows) {
 
 TEST(ReducescatterKeepsThisRanksRows) {
   World& w = W();
+  g_log.clear();
   const int64_t rows = 7, width = 2;
   std::vector<float> values;
   for (int64_t i = 0; i < rows * width; ++i) values.push_back(static_cast<float>(i % 6 + w.rank()));
@@ -530,7 +550,89 @@ TEST(ReducescatterKeepsThisRanksRows) {
   std::vector<float> got = Values<float>(*t, false);
   got.resize(expected.size());
   CHECK_EQ(got, expected);
+  // 7 rows divide over one rank only: uneven rows reduce the whole tensor.
+  const bool whole = rows % w.size() != 0;
+  CHECK_EQ(std::find(g_log.begin(), g_log.end(), "allreduce") != g_log.end(), whole);
   CheckReleased({reinterpret_cast<void*>(41)});
+}
+
+TEST(ReducescatterOfEqualBlocksIsOneReduceScatter) {
+  // Note [reduce-scatter in equal blocks]: rows that divide by the ranks
+  // take the communicator's reduce-scatter (no allreduce), several tensors
+  // of different widths fused, prescaled, averaged and postscaled.
+  World& w = W();
+  g_log.clear();
+  const int n = w.size();
+  const std::vector<int64_t> rows{2L * n, 3L * n}, widths{3, 1};
+  std::vector<std::unique_ptr<Tensor>> tensors;
+  for (size_t t = 0; t < rows.size(); ++t) {
+    std::vector<float> values;
+    for (int64_t i = 0; i < rows[t] * widths[t]; ++i) values.push_back(Contribution(i, t, w.rank()));
+    tensors.push_back(MakeTensor(values, {rows[t], widths[t]}, DataType::kFloat32, false,
+                                 reinterpret_cast<void*>(51), /*lazy_output=*/t == 1));
+  }
+  hvdkeras::PendingOp op = MakeOp(OpType::kReducescatter, {tensors[0].get(), tensors[1].get()},
+                                  ReduceOp::kAverage, 2.0, 0.5);
+  hvdkeras::ExecContext ctx = w.Context();
+  CHECK(hvdkeras::RunDeviceReducescatter(ctx, {&op}).ok());
+  for (size_t t = 0; t < rows.size(); ++t) {
+    const int64_t mine = rows[t] / n, first = mine * w.rank();
+    std::vector<float> expected;
+    for (int64_t i = first * widths[t]; i < (first + mine) * widths[t]; ++i) {
+      float sum = 0;
+      for (int r = 0; r < n; ++r) sum += 2.0f * Contribution(i, t, r);
+      expected.push_back(sum / n * 0.5f);
+    }
+    std::vector<float> got = Values<float>(*tensors[t], false);
+    got.resize(expected.size());
+    CHECK_EQ(got, expected);
+  }
+  CHECK(std::find(g_log.begin(), g_log.end(), "reducescatter") != g_log.end());
+  CHECK(std::find(g_log.begin(), g_log.end(), "allreduce") == g_log.end());
+  CheckReleased({reinterpret_cast<void*>(51)});
+}
+
+TEST(AllgatherOfEqualRowsIsOneAllgather) {
+  // Note [allgather in equal blocks]: one tensor straight into its output,
+  // and several through the fused buffer; no pairwise exchange.
+  World& w = W();
+  const int n = w.size();
+  auto value = [](int t, int r, int row, int col) { return 100.0f * t + 10 * r + row + 0.5f * col; };
+  for (int count : {1, 3}) {
+    g_log.clear();
+    std::vector<std::unique_ptr<Tensor>> tensors;
+    std::vector<Tensor*> raw;
+    auto response = std::make_shared<hvdkeras::Response>();
+    for (int t = 0; t < count; ++t) {
+      const int rows = t + 1, width = 2 + t;
+      std::vector<float> mine;
+      for (int row = 0; row < rows; ++row) {
+        for (int col = 0; col < width; ++col) mine.push_back(value(t, w.rank(), row, col));
+      }
+      tensors.push_back(MakeTensor(mine, {rows, width}, DataType::kFloat32, false,
+                                   reinterpret_cast<void*>(61), /*lazy_output=*/true));
+      raw.push_back(tensors.back().get());
+      for (int r = 0; r < n; ++r) response->sizes.push_back(rows);
+    }
+    hvdkeras::PendingOp op = MakeOp(OpType::kAllgather, raw);
+    op.response = response;
+    hvdkeras::ExecContext ctx = w.Context();
+    CHECK(hvdkeras::RunDeviceAllgather(ctx, {&op}).ok());
+    for (int t = 0; t < count; ++t) {
+      std::vector<float> expected;
+      for (int r = 0; r < n; ++r) {
+        for (int row = 0; row < t + 1; ++row) {
+          for (int col = 0; col < 2 + t; ++col) expected.push_back(value(t, r, row, col));
+        }
+      }
+      std::vector<float> got = Values<float>(*tensors[t], false);
+      got.resize(expected.size());
+      CHECK_EQ(got, expected);
+    }
+    CHECK(std::find(g_log.begin(), g_log.end(), "allgather") != g_log.end());
+    CHECK(std::find(g_log.begin(), g_log.end(), "exchange") == g_log.end());
+    CheckReleased({reinterpret_cast<void*>(61)});
+  }
 }
 
 }  // namespace
