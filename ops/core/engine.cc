@@ -142,7 +142,8 @@ void Engine::Loop() {
   // See Note [shutdown wording].
   FailEverything(
       "hvdkeras was shut down (a rank called hvdkeras.shutdown() or exited) before this "
-      "collective completed.");
+      "collective completed.",
+      /*error=*/false);
   CompletionCycleStart(/*final=*/true);
   timeline_.Close();
   activity_.Enter(EngineActivity::Phase::kClosing);
@@ -330,8 +331,8 @@ void Engine::Finish(std::vector<std::pair<PendingOp*, Status>> results) {
   queue_.Recycle(&owned);  // Note [recycled ops]
 }
 
-void Engine::FailEverything(const std::string& why) {
-  std::vector<std::unique_ptr<PendingOp>> leftovers = queue_.Close();
+void Engine::FailEverything(const std::string& why, bool error) {
+  std::vector<std::unique_ptr<PendingOp>> leftovers = queue_.Close(error ? why : "");
   for (auto& op : pending_.TakeAll()) leftovers.push_back(std::move(op));
   negotiator_.ClearStandIns();
   const Status status = Status::Error(StatusCode::kAborted, why);

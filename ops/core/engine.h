@@ -130,7 +130,9 @@ class Engine {
   bool GatherBurst(std::chrono::steady_clock::time_point first_arrival, bool* progress);
   void AgreeOnParams();
   void Finish(std::vector<std::pair<PendingOp*, Status>> results);
-  void FailEverything(const std::string& why);
+  // Fails every op not yet done with `why` and closes the queue; `error`:
+  // the engine stopped after one, which later submissions are told.
+  void FailEverything(const std::string& why, bool error = true);
 
   const int set_id_;
   SubmissionQueue queue_;  // shared with the submitting threads

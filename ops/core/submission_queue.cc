@@ -13,6 +13,7 @@ void SubmissionQueue::Open(int rank, const std::string& timeline_path,
   in_flight_.clear();
   in_flight_count_ = 0;
   shutdown_requested_ = false;
+  stop_reason_.clear();
   timeline_requested_ = !timeline_path.empty();
   timeline_path_ = timeline_path;
   timeline_mark_cycles_ = timeline_mark_cycles;
@@ -32,9 +33,15 @@ Status SubmissionQueue::CheckSubmittable(const std::string& name) {
   }
   if (state_ == State::kStopped || shutdown_requested_) {
     // See Note [shutdown wording].
+    // A rank whose own collectives had all completed when another rank's
+    // failure stopped the engine (a GPU collective completes once queued on
+    // the stream) learns the reason here, at its next collective.
     return Status::Error(StatusCode::kPreconditionError,
                          "hvdkeras has been shut down, so collective '" + name +
-                             "' cannot run. Call hvdkeras.init() again to restart it.");
+                             "' cannot run" +
+                             (stop_reason_.empty() ? "" : ": it stopped after an error: " +
+                                                              stop_reason_ + ".") +
+                             " Call hvdkeras.init() again to restart it.");
   }
   auto it = in_flight_.find(name);
   if (it != in_flight_.end() && it->second) {
@@ -188,9 +195,10 @@ std::string SubmissionQueue::DescribeInFlight() {
   return text + ")";
 }
 
-std::vector<std::unique_ptr<PendingOp>> SubmissionQueue::Close() {
+std::vector<std::unique_ptr<PendingOp>> SubmissionQueue::Close(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   state_ = State::kStopped;
+  if (stop_reason_.empty()) stop_reason_ = reason;
   in_flight_.clear();
   in_flight_count_ = 0;
   std::vector<std::unique_ptr<PendingOp>> leftovers;

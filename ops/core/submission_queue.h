@@ -59,8 +59,10 @@ class SubmissionQueue {
   // Any thread: how many collectives are in flight and a few of their names,
   // e.g. "2 collective(s) ('a', 'b')"; "" when none.
   std::string DescribeInFlight();
-  // Refuses submissions from now on; returns the ops never taken.
-  std::vector<std::unique_ptr<PendingOp>> Close();
+  // Refuses submissions from now on; returns the ops never taken. `reason`:
+  // the error that stopped the engine ("" for an orderly end), which later
+  // refusals repeat until the next Open; the first one given is kept.
+  std::vector<std::unique_ptr<PendingOp>> Close(const std::string& reason = "");
 
  private:
   enum class State { kNeverStarted, kRunning, kStopped };
@@ -79,6 +81,7 @@ class SubmissionQueue {
   State state_ = State::kNeverStarted;
   int rank_ = 0;
   bool shutdown_requested_ = false;
+  std::string stop_reason_;  // why the engine stopped after an error
   // True while the engine thread sleeps and nobody has woken it yet: only
   // the first op queued in that time signals (a wake-up is a syscall).
   bool engine_asleep_ = false;

@@ -198,3 +198,24 @@ TEST(QueueRecycledOpsComeBackEmptied) {
 }
 
 }  // namespace
+
+TEST(ASubmissionAfterAFailedStopNamesTheError) {
+  hvdkeras::SubmissionQueue queue;
+  queue.Open(0, "", false);
+  queue.Close("a GPU collective failed on rank 1: a reason");
+  queue.Close("a later reason");  // the first one is kept
+  hvdkeras::Status s = queue.Submit(Op("next"));
+  CHECK(!s.ok());
+  // Still a casualty's wording (Note [shutdown wording] in engine.cc).
+  CHECK(s.message.find("hvdkeras has been shut down, so collective 'next' cannot run") !=
+        std::string::npos);
+  CHECK(s.message.find("it stopped after an error: a GPU collective failed on rank 1: a reason") !=
+        std::string::npos);
+  CHECK(s.message.find("a later reason") == std::string::npos);
+  // An orderly end names no error, and a new start forgets the old one.
+  queue.Open(0, "", false);
+  queue.Close();
+  s = queue.Submit(Op("after"));
+  CHECK(!s.ok());
+  CHECK(s.message.find("after an error") == std::string::npos);
+}
