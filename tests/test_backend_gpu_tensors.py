@@ -26,6 +26,18 @@ class StandInTpuArray:
         return {self.Device()}
 
 
+class StandInGpuArray:
+    """Stand-in (pure logic only): an array on a GPU whose client reports
+    `version` (JAX names CUDA and ROCm GPUs both "gpu")."""
+
+    def __init__(self, version: str):
+        client = type("Client", (), {"platform_version": version})()
+        self.device = type("Device", (), {"platform": "gpu", "client": client})()
+
+    def devices(self):
+        return {self.device}
+
+
 def test_torch_host_tensors_are_described_without_a_device():
     tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     memory = torch_ops.describe(tensor, "allgather")
@@ -48,3 +60,9 @@ def test_jax_arrays_on_a_platform_without_a_handler_get_an_error_naming_the_fix(
         jax_ops._require_supported_arrays([StandInTpuArray()], "grads")
     jax_ops._require_supported_arrays([jax.numpy.ones(3)], "grads")  # host arrays pass
     assert set(jax_ops.PLATFORMS) == {"cpu", "gpu"}
+
+
+def test_jax_arrays_on_an_amd_gpu_get_the_error_too():
+    with pytest.raises(ValueError, match=r"\['rocm'\].*NVIDIA GPU"):
+        jax_ops._require_supported_arrays([StandInGpuArray("rocm 60300")], "grads")
+    jax_ops._require_supported_arrays([StandInGpuArray("PJRT C API\ncuda 13000")], "grads")

@@ -55,6 +55,13 @@ def test_when_buckets_are_wanted(env, local_size, size, wanted):
     assert buckets.overlap_wanted(local_size, size, env) is wanted
 
 
+@pytest.mark.parametrize("env, local_size, size, wanted", [
+    ({}, 4, 4, True), ({}, 1, 1, False), ({"HVDKERAS_BACKWARD_OVERLAP": "0"}, 4, 4, False),
+])
+def test_gradients_on_gpus_overlap_on_one_host_too(env, local_size, size, wanted):
+    assert buckets.overlap_wanted(local_size, size, env, on_gpus=True) is wanted
+
+
 def test_the_knobs_are_checked():
     with pytest.raises(ValueError, match="HVDKERAS_BACKWARD_OVERLAP"):
         config.backward_overlap({"HVDKERAS_BACKWARD_OVERLAP": "sometimes"})

@@ -60,8 +60,11 @@ class _TorchDistributedMixin(AroundShardsMixin):
         if self._hvdkeras_backward_decided or not variables:
             return
         _untracked(self, "_hvdkeras_backward_decided", True)  # once, not every step
+        # The settings first: asking where a sharded variable lives must not
+        # gather it.
         if (frameworks.keras_backend() == frameworks.TORCH
-                and _backward_overlap().eligible(self._hvdkeras_settings, _overlap_wanted())):
+                and _backward_overlap().eligible(self._hvdkeras_settings, enabled=True)
+                and _overlap_wanted(variables)):
             settings = self._hvdkeras_settings
             scaling = reduction_scaling(settings, process_sets.view(settings["process_set"]).size)
             _untracked(self, "_hvdkeras_backward", _backward_overlap().BackwardReductions(
@@ -180,13 +183,17 @@ def _untracked(optimizer: Any, name: str, value: Any) -> None:
     object.__setattr__(optimizer, name, value)
 
 
-def _overlap_wanted() -> bool:
+def _overlap_wanted(variables: List[Any]) -> bool:
     """`HVDKERAS_TORCH_BACKWARD_OVERLAP`; "auto" means when the ranks span several
-    hosts: on one host the reduction is CPU work on the cores the backward pass
-    uses (measured in docs/backends.md). The same answer on every rank, as the
-    requests' names depend on it."""
+    hosts (on one host the reduction is CPU work on the cores the backward pass
+    uses, measured in docs/backends.md), or when the model is on GPUs
+    (`buckets.overlap_wanted`). The same answer on every rank, as the requests'
+    names depend on it."""
     w = world.require()
-    return buckets.overlap_wanted(w.local_size, w.size, mode=config.torch_backward_overlap())
+    # The storage, not `value`: a sharded variable's value is a gather.
+    on_gpus = any(getattr(compat.variable_storage(v), "is_cuda", False) for v in variables)
+    return buckets.overlap_wanted(w.local_size, w.size, mode=config.torch_backward_overlap(),
+                                  on_gpus=on_gpus)
 
 
 def _pass_window(passes: int, average: bool) -> Any:

@@ -81,16 +81,21 @@ def buckets(sizes: Sequence[int], dtypes: Sequence[str], limit: int = BUCKET_BYT
 
 
 def overlap_wanted(local_size: int, size: int, env: Optional[Mapping[str, str]] = None,
-                   mode: Optional[str] = None) -> bool:
+                   mode: Optional[str] = None, on_gpus: bool = False) -> bool:
     """Whether gradients are reduced in buckets during the backward pass.
 
     `HVDKERAS_BACKWARD_OVERLAP`: "auto" (the default) when the ranks span
     several hosts: there the link, not the CPU, is the limit, and it idles
     during the backward pass otherwise; on one host the reduction is memory
     work on the cores the backward pass uses, and one fused request after
-    it measured faster (docs/performance.md). "on" and "off" decide. The
-    answer is the same on every rank (every rank of a multi-host job has
-    fewer local ranks than ranks), as the requests' names depend on it.
+    it measured faster (docs/performance.md). Gradients on GPUs are the
+    exception: NCCL moves them over NVLink or PCIe with the GPU's own copy
+    engines and a few of its SMs, beside the backward pass's kernels rather
+    than on the host's cores, so "auto" overlaps there on one host too (as
+    DDP always does). "on" and "off" decide. The answer is the same on
+    every rank (every rank of a multi-host job has fewer local ranks than
+    ranks, and every rank's gradients are on the same kind of device), as
+    the requests' names depend on it.
     `mode` ("auto", "on" or "off"), when given, is used instead of the
     variable (the torch backend passes its own knob's).
 
@@ -99,11 +104,13 @@ def overlap_wanted(local_size: int, size: int, env: Optional[Mapping[str, str]] 
         True
         >>> overlap_wanted(2, 2, env={})
         False
+        >>> overlap_wanted(2, 2, env={}, on_gpus=True)
+        True
     """
     if mode is None:
         mode = config.backward_overlap(os.environ if env is None else env)
     if mode == "auto":
-        return local_size < size
+        return local_size < size or (on_gpus and size > 1)
     return mode == "on"
 
 

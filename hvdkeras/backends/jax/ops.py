@@ -136,8 +136,19 @@ def continue_after(value) -> None:
         _order.last = value
 
 
-# The platforms the binding's FFI target is registered for (JAX's names).
+# The platforms the binding's FFI target is registered for (JAX's names;
+# "gpu" is an NVIDIA GPU here: _platform names an AMD one "rocm").
 PLATFORMS = ("cpu", "gpu")
+
+
+def _platform(device) -> str:
+    """JAX's platform name of `device`, with an AMD GPU told apart from an
+    NVIDIA one (JAX names both "gpu"; their clients' versions say which, as
+    JAX itself reads them)."""
+    if device.platform != "gpu":
+        return device.platform
+    version = str(getattr(getattr(device, "client", None), "platform_version", ""))
+    return "rocm" if "rocm" in version.lower() else "gpu"
 
 
 def _require_supported_arrays(inputs: Sequence, name: str) -> None:
@@ -147,9 +158,9 @@ def _require_supported_arrays(inputs: Sequence, name: str) -> None:
     platforms = set()
     for value in inputs:
         if isinstance(value, jax.core.Tracer):
-            platforms.add(jax.default_backend())
+            platforms.add(_platform(jax.devices()[0]))
         elif hasattr(value, "devices"):
-            platforms |= {device.platform for device in value.devices()}
+            platforms |= {_platform(device) for device in value.devices()}
     if platforms - set(PLATFORMS):
         raise ValueError(f"hvdkeras collective '{name}' runs on {' and '.join(PLATFORMS)} "
                          f"arrays under the JAX backend, and these are on {sorted(platforms)}. "

@@ -145,7 +145,10 @@ class BackwardReductions:
                 "optimizer.apply(): the first is being reduced across ranks. Accumulate "
                 "with DistributedOptimizer(backward_passes_per_step=N), or add the losses "
                 "before one backward pass.")
-        if grad.device.type != "cpu" or grad.is_sparse or not grad.is_contiguous():
+        # A CUDA gradient goes as it is: the hook runs on the stream that made
+        # it, and the engine's stream waits for an event recorded there
+        # (Note [stream order] in ops/core/device.h).
+        if grad.device.type not in ("cpu", "cuda") or grad.is_sparse or not grad.is_contiguous():
             return  # apply reduces it (and says what it cannot take)
         self._ready[position] = grad
         if not self._end_queued:

@@ -32,10 +32,16 @@ def describe(tensor: torch.Tensor, what: str) -> buffers.HostTensor:
     broadcast, reducescatter, allgather) goes with its device and torch's current
     stream there, which the engine's stream waits for and which waits for
     the results before the call returns (Note [stream order] in
-    ops/core/device.h)."""
+    ops/core/device.h). A tensor made on another stream is marked as used
+    by the current one (`record_stream`, as c10d does), so that torch's
+    allocator does not hand its memory to that other stream's next
+    allocation before the engine's stream, which only the current stream
+    waits for, has read it."""
     dtype = str(tensor.dtype).removeprefix("torch.")
     if tensor.device.type == "cuda" and what in GPU_COLLECTIVES:
-        stream = torch.cuda.current_stream(tensor.device).cuda_stream
+        current = torch.cuda.current_stream(tensor.device)
+        tensor.record_stream(current)  # nothing for a tensor made on `current`
+        stream = current.cuda_stream
         return buffers.HostTensor(tensor.data_ptr(), tuple(tensor.shape), dtype,
                                   tensor.device.index, stream)
     if tensor.device.type != "cpu":
