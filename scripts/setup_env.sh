@@ -64,16 +64,21 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANTED" ]] \
   fi
   echo "$WANTED" > "$STAMP"
 fi
-# The cluster tests' system packages (tests/test_slurm_cluster.py): Debian's
-# Slurm and munge, installed only as root with apt; without them those tests
-# skip, saying why.
-if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1 \
-   && ! { command -v slurmctld && command -v munged; } >/dev/null 2>&1; then
-  echo "setup_env: installing slurm-wlm and munge for the Slurm cluster tests" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q slurm-wlm munge >&2 \
-    || { apt-get update -q >&2 && apt-get install -y -q slurm-wlm munge >&2; } \
-    || echo "setup_env: slurm-wlm and munge could not be installed; the Slurm cluster" \
-            "tests will skip" >&2
+# System packages for the tests, installed only as root with apt; without
+# them those tests skip, saying why: Debian's Slurm and munge (the cluster
+# tests, tests/test_slurm_cluster.py) and clang (the engine built with a
+# second compiler, tests/test_device_collectives.py).
+if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+  packages=()
+  { command -v slurmctld && command -v munged; } >/dev/null 2>&1 || packages+=(slurm-wlm munge)
+  command -v clang++ >/dev/null 2>&1 || packages+=(clang)
+  if [[ ${#packages[@]} -gt 0 ]]; then
+    echo "setup_env: installing ${packages[*]} for the tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q "${packages[@]}" >&2 \
+      || { apt-get update -q >&2 && apt-get install -y -q "${packages[@]}" >&2; } \
+      || echo "setup_env: ${packages[*]} could not be installed; the tests that need" \
+              "them will skip" >&2
+  fi
 fi
 echo "$VENV"
