@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The first thing to run on a lent GPU machine (one H100 or H200, 16 cores,
 # no network), and to quote in full: every GPU check this project has, in
-# one command, in under 8 minutes, ending with a table.
+# one command, in under 8 minutes on one GPU (a few more with two or more),
+# ending with a table.
 #
 #   bash scripts/gpu_check.sh
 #
@@ -14,8 +15,10 @@
 # unpacked from build/device_wheels (scripts/device_wheels.sh makes it; the
 # device tool carries it: `carry: ["build/device_wheels"]`); the CUDA device
 # and NCCL check needs no framework.
-# What one GPU cannot check: NCCL traffic between ranks (two ranks need two
-# GPUs) and a peer dying inside a collective (docs/gpus.md).
+# With two or more GPUs it also runs, under torch and JAX, what needs two:
+# collectives and fit between GPUs, a rank failing before its NCCL call, a
+# peer killed inside an allreduce, two communicators shut down in order; on
+# one GPU those rows say SKIP with the reason (docs/gpus.md).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -165,6 +168,41 @@ if has keras; then
   done
 else
   skip "one fit step, torch and jax on the GPU" "Keras is not installed (scripts/device_wheels.sh)"
+fi
+
+# Between GPUs, without TensorFlow: at -n 2 and at -n (all GPUs), the exact
+# collectives of CUDA tensors with the 64 MiB allreduce's bus bandwidth
+# beside torch.distributed's, one fit step under torch and JAX; at -n 2 the
+# failures only two GPUs can show (tests/scripts/gpu_two_rank_failures.py).
+GPUS="$(nvidia-smi -L | grep -c '^GPU')"
+if [[ $GPUS -ge 2 ]] && has keras && has torch && has mpi4py; then
+  here_mpiexec="$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec"
+  MPIEXEC="$([[ -x "$here_mpiexec" ]] && echo "$here_mpiexec" || command -v mpiexec)"
+  export HVDKERAS_STALL_SHUTDOWN_SECONDS=60
+  for n in $(printf '%s\n' 2 "$GPUS" | sort -un); do
+    step "torch collectives of CUDA tensors, -n $n" 240 env KERAS_BACKEND=torch \
+      "$MPIEXEC" -n "$n" "$PY" tests/scripts/gpu_torch_collectives_job.py
+    for backend in torch jax; do
+      if has "$backend"; then
+        step "fit, $backend on $n GPUs" 240 env KERAS_BACKEND="$backend" \
+          "$MPIEXEC" -n "$n" "$PY" tests/scripts/gpu_backend_fit_job.py
+      else
+        skip "fit, $backend on $n GPUs" "$backend is not installed"
+      fi
+    done
+  done
+  for mode in lone-failure peer-death two-communicators; do
+    step "two GPUs: $mode (torch)" 240 env KERAS_BACKEND=torch \
+      "$PY" tests/scripts/gpu_two_rank_failures.py "$mode"
+  done
+else
+  why="this machine has one GPU; these need two or more"
+  [[ $GPUS -ge 2 ]] && why="Keras, PyTorch or mpi4py is missing here"
+  for what in "torch collectives of CUDA tensors, -n 2 and all" \
+              "fit under torch and jax, -n 2 and all" \
+              "two GPUs: a lone failure, a peer killed, two communicators"; do
+    skip "$what" "$why"
+  done
 fi
 
 echo

@@ -65,24 +65,44 @@ check("reducescatter sum", hvd.reducescatter(table, op=hvd.Sum),
 
 # What the engine costs on the GPU: a 64 MiB allreduce against copying the
 # same bytes on the device (the least any reduction there must move).
+def timed(run, times: int = 10) -> float:
+    """Seconds per call of `run`, the GPU's work included."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(times):
+        run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - began) / times
+
+
 big = torch.ones(16 << 20, dtype=torch.float32, device=cuda)
 hvd.allreduce(big, op=hvd.Sum, name="warm")
-torch.cuda.synchronize()
-began = time.perf_counter()
-for step in range(10):
-    out = hvd.allreduce(big, op=hvd.Sum, name="timed")
-torch.cuda.synchronize()
-engine_s = (time.perf_counter() - began) / 10
-check("64 MiB allreduce sum", out[:1000], torch.full((1000,), float(size), device=cuda))
+last = [big]  # the latest result only: ten 64 MiB outputs need not stay
+engine_s = timed(lambda: last.__setitem__(0, hvd.allreduce(big, op=hvd.Sum, name="timed")))
+check("64 MiB allreduce sum", last[0][:1000], torch.full((1000,), float(size), device=cuda))
 copy = torch.empty_like(big)
-torch.cuda.synchronize()
-began = time.perf_counter()
-for step in range(10):
-    copy.copy_(big)
-torch.cuda.synchronize()
-copy_s = (time.perf_counter() - began) / 10
+copy_s = timed(lambda: copy.copy_(big))
 print(f"MEASURE rank {rank} 64 MiB allreduce {engine_s * 1e3:.3f} ms, device copy "
       f"{copy_s * 1e3:.3f} ms ({engine_s / copy_s:.1f}x)", flush=True)
+if size > 1:
+    # nccl-tests' bus bandwidth: bytes / time x 2(n-1)/n, what each link
+    # carried; beside it torch.distributed's own NCCL allreduce in this job.
+    def bus(seconds: float) -> float:
+        return big.numel() * 4 / seconds * 2 * (size - 1) / size / 1e9
+
+    peer = ""
+    import torch.distributed as dist
+    if dist.is_nccl_available():
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29517", rank=rank,
+                                world_size=size, device_id=cuda)
+        theirs = big.clone()
+        dist.all_reduce(theirs)
+        peer_s = timed(lambda: dist.all_reduce(theirs))
+        peer = (f", torch.distributed NCCL {bus(peer_s):.1f} GB/s "
+                f"(hvdkeras {engine_s / peer_s:.2f}x its time)")
+        dist.destroy_process_group()
+    print(f"MEASURE rank {rank} 64 MiB allreduce bus bandwidth {bus(engine_s):.1f} GB/s "
+          f"at {size} ranks{peer}", flush=True)
 hvd.shutdown()
 print(f"{failures} failures", flush=True)
 sys.exit(1 if failures else 0)
