@@ -41,7 +41,11 @@ pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow,
               pytest.mark.skipif(WHY_NOT is not None, reason=f"no Spark cluster here: {WHY_NOT}")]
 
 
-@pytest.fixture(scope="module")
+# A cluster per test: twice in full-suite runs (never in this file's own
+# runs) a test's Spark job got no ranks started, as if a core of the test
+# before it was still taken; a fresh cluster costs about 15 s, and no test
+# waits on what an earlier one left behind.
+@pytest.fixture
 def cluster():
     state = sparklab.up(NAME, 3, NET)
     try:
