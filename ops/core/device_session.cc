@@ -16,6 +16,8 @@ namespace {
 constexpr int64_t kIdentityBytes = 256;
 // A record that starts with this holds why that rank cannot start instead.
 constexpr char kProblemMark = '\x01';
+// How many failed ranks a set-up refusal names (besides this rank).
+constexpr int kProblemsNamed = 4;
 
 Status Refused(const std::string& why) {
   return Status::Error(StatusCode::kPreconditionError,
@@ -114,20 +116,28 @@ Status DeviceSession::Start(const MpiContext& mpi, int ordinal, const Status& ch
   if (!s.ok()) return s;
   std::vector<std::string> identities;
   std::string problems;
+  int failed = 0, named = 0;
   for (int r = 0; r < mpi.size(); ++r) {
     const char* record = all.data() + r * kIdentityBytes;
     std::string text(record, strnlen(record, kIdentityBytes));
     if (!text.empty() && text[0] == kProblemMark) {
-      // This rank's own reason in full; another's as far as its record held.
-      const std::string why = r == mpi.rank() ? problem : text.substr(1);
-      problems += (problems.empty() ? "" : "; ") + ("on rank " + std::to_string(r) + ", " + why);
+      // This rank's own reason in full; another's as far as its record
+      // held; the first few ranks' only, so the message stays short on a
+      // job of thousands of ranks that all lack a GPU.
+      if (failed++ < kProblemsNamed || r == mpi.rank()) {
+        const std::string why = r == mpi.rank() ? problem : text.substr(1);
+        problems += (problems.empty() ? "" : "; ") + ("on rank " + std::to_string(r) + ", " + why);
+        ++named;
+      }
       text.clear();
     }
     identities.push_back(std::move(text));
   }
-  if (!problems.empty()) {
+  if (failed > 0) {
     device_ = nullptr;
-    return Refused(problems);
+    return Refused(problems + (failed > named ? "; and " + std::to_string(failed - named) +
+                                                    " more rank(s)"
+                                              : ""));
   }
   const std::string shared = SharedGpu(identities);
   if (!shared.empty()) {
