@@ -4,6 +4,10 @@
 // ceiling. Timed with CUDA events on the engine stream of GPU 0.
 #include "cuda/cuda_probe.h"
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "core/device_packing.h"
 #include "cuda/cuda_device.h"
 
@@ -40,16 +44,27 @@ Status Time(const Runtime& rt, cudaStream_t stream, int iterations, Run run, dou
 }  // namespace
 
 Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double results[3]) {
+  if (tensors < 1 || bytes_each < 4 || bytes_each % 4 != 0) {
+    return Status::Error(StatusCode::kInvalidArgument,
+                         "hvdkeras GPU probe: give tensors >= 1, bytes_each a multiple of 4, "
+                         "iterations >= 1");
+  }
+  return ProbePackedCopies(std::vector<int64_t>(tensors, bytes_each), iterations, results);
+}
+
+Status ProbePackedCopies(const std::vector<int64_t>& sizes, int iterations, double results[3]) {
   std::string why;
   CudaDevice* device = CudaDevice::Get(&why);
   const Runtime* rt = LoadRuntime(&why);
   if (device == nullptr || rt == nullptr) {
     return Status::Error(StatusCode::kPreconditionError, "hvdkeras GPU probe: " + why);
   }
-  if (tensors < 1 || bytes_each < 4 || bytes_each % 4 != 0 || iterations < 1) {
+  const bool whole_floats = std::all_of(sizes.begin(), sizes.end(),
+                                        [](int64_t b) { return b >= 4 && b % 4 == 0; });
+  if (sizes.empty() || !whole_floats || iterations < 1) {
     return Status::Error(StatusCode::kInvalidArgument,
-                         "hvdkeras GPU probe: give tensors >= 1, bytes_each a multiple of 4, "
-                         "iterations >= 1");
+                         "hvdkeras GPU probe: give one or more sizes, each a multiple of 4 "
+                         "bytes, and iterations >= 1");
   }
   // A lane of its own on this rank's GPU (pinned, or the one it used), so a
   // probe never queues on an engine's, and the caller's context back after.
@@ -63,9 +78,8 @@ Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double resul
   cudaStream_t stream = nullptr;
   Status s = device->EngineStream(probe, &stream);
   if (!s.ok()) return s;
-  const PackingPlan plan =
-      PlanPacking(std::vector<int64_t>(tensors, bytes_each), kAlignment, kMaxCopiesPerLaunch);
-  const int64_t total = bytes_each * tensors;
+  const PackingPlan plan = PlanPacking(sizes, kAlignment, kMaxCopiesPerLaunch);
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   void* inputs = nullptr;
   void* outputs = nullptr;
   void* fused = nullptr;
@@ -75,10 +89,12 @@ Status ProbeCopies(int tensors, int64_t bytes_each, int iterations, double resul
     s = Status::Error(StatusCode::kPreconditionError, "hvdkeras GPU probe: out of GPU memory");
   }
   std::vector<DeviceCopy> in, out;
-  for (int i = 0; i < tensors && s.ok(); ++i) {
+  int64_t at = 0;  // where tensor i starts in the inputs and outputs
+  for (size_t i = 0; i < sizes.size() && s.ok(); ++i) {
     char* slot = static_cast<char*>(fused) + plan.offsets[i];
-    in.push_back({static_cast<char*>(inputs) + i * bytes_each, slot, bytes_each / 4});
-    out.push_back({slot, static_cast<char*>(outputs) + i * bytes_each, bytes_each / 4});
+    in.push_back({static_cast<char*>(inputs) + at, slot, sizes[i] / 4});
+    out.push_back({slot, static_cast<char*>(outputs) + at, sizes[i] / 4});
+    at += sizes[i];
   }
   auto pack_and_unpack = [&](double factor) {
     return [&, factor]() {
