@@ -41,10 +41,9 @@ pytestmark = [pytest.mark.usefixtures("op_library_built"), pytest.mark.slow,
               pytest.mark.skipif(WHY_NOT is not None, reason=f"no Spark cluster here: {WHY_NOT}")]
 
 
-# A cluster per test: twice in full-suite runs (never in this file's own
-# runs) a test's Spark job got no ranks started, as if a core of the test
-# before it was still taken; a fresh cluster costs about 15 s, and no test
-# waits on what an earlier one left behind.
+# A cluster per test, so that no test's Spark job waits on a core that an
+# earlier test's executors may still hold (in the full suite such a job's
+# ranks could fail to start at all); a fresh cluster costs about 15 s.
 @pytest.fixture
 def cluster():
     state = sparklab.up(NAME, 3, NET)
