@@ -96,6 +96,9 @@ for name in ("tensorflow", "keras", "torch", "jax", "mpi4py"):
     print(f"{name}: {'installed' if importlib.util.find_spec(name) else 'missing'}")
 EOF
 has() { "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
+# The mpiexec beside this Python (the mpich wheel's), else the system's.
+MPIEXEC="$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec"
+[[ -x "$MPIEXEC" ]] || MPIEXEC="$(command -v mpiexec || echo mpiexec)"
 
 # 1. The CUDA device and NCCL, no framework: contexts, kernels and their
 #    cache, stream priority, scaled copies, a one-rank NCCL communicator,
@@ -130,8 +133,6 @@ if has tensorflow; then
   # 6. Two ranks on one GPU fail clearly, on both ranks.
   step "two ranks on one GPU fail clearly" 180 "$PY" tests/scripts/gpu_shared_job.py
   # 7. The 4 KB small-op benchmark, on this 16-core host.
-  MPIEXEC=mpiexec
-  if [[ -x .venv/bin/mpiexec ]]; then MPIEXEC=.venv/bin/mpiexec; fi
   step "4 KB allreduce, 2 ranks (16-core host)" 240 "$MPIEXEC" -n 2 "$PY" \
     examples/allreduce_benchmark.py --sizes 4KB --repeat 3
 else
@@ -176,8 +177,6 @@ fi
 # failures only two GPUs can show (tests/scripts/gpu_two_rank_failures.py).
 GPUS="$(nvidia-smi -L | grep -c '^GPU')"
 if [[ $GPUS -ge 2 ]] && has keras && has torch && has mpi4py; then
-  here_mpiexec="$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec"
-  MPIEXEC="$([[ -x "$here_mpiexec" ]] && echo "$here_mpiexec" || command -v mpiexec)"
   export HVDKERAS_STALL_SHUTDOWN_SECONDS=60
   for n in $(printf '%s\n' 2 "$GPUS" | sort -un); do
     step "torch collectives of CUDA tensors, -n $n" 240 env KERAS_BACKEND=torch \

@@ -64,11 +64,8 @@ Status RunDeviceBroadcast(ExecContext& ctx, const std::vector<PendingOp*>& batch
     if (!s.ok()) return s;
     ctx.device_comm_called = true;
   }
-  if (!out.empty()) {
-    Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-    s = ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8, out, 1.0);
-    if (!s.ok()) return s;
-  }
+  s = CopyOut(ctx, batch, DataType::kUInt8, out);
+  if (!s.ok()) return s;
   return ReleaseStreams(ctx, batch);
 }
 
@@ -139,9 +136,7 @@ Status AllgatherInBlocks(ExecContext& ctx, const std::vector<PendingOp*>& batch,
       }
     }
   }
-  if (out.empty()) return Status::OK();
-  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-  return ctx.device->CopyScaled(ctx.device_lane, DataType::kUInt8, out, 1.0);
+  return CopyOut(ctx, batch, DataType::kUInt8, out);
 }
 
 }  // namespace

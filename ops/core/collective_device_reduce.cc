@@ -194,9 +194,7 @@ Status ReduceScatterInBlocks(ExecContext& ctx, const std::vector<PendingOp*>& ba
     const int64_t count = piece_bytes[i] / element;
     if (outputs[i] != nullptr && count > 0) out.push_back({mine + block.offsets[i], outputs[i], count});
   }
-  if (out.empty()) return Status::OK();
-  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-  return ctx.device->CopyScaled(ctx.device_lane, dtype, out, 1.0);
+  return CopyOut(ctx, batch, dtype, out);
 }
 
 // Uneven rows: the whole tensors are reduced in a fused buffer, and each
@@ -225,9 +223,7 @@ Status ReduceScatterWhole(ExecContext& ctx, const std::vector<PendingOp*>& batch
                      rows * row_elements});
     }
   }
-  if (out.empty()) return Status::OK();
-  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-  return ctx.device->CopyScaled(ctx.device_lane, dtype, out, 1.0);
+  return CopyOut(ctx, batch, dtype, out);
 }
 
 }  // namespace

@@ -89,6 +89,13 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
                         : ctx.device->CopyScaled(ctx.device_lane, dtype, copies, factor);
 }
 
+Status CopyOut(ExecContext& ctx, const std::vector<PendingOp*>& batch, DataType dtype,
+               const std::vector<DeviceCopy>& copies) {
+  if (copies.empty()) return Status::OK();
+  Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
+  return ctx.device->CopyScaled(ctx.device_lane, dtype, copies, 1.0);
+}
+
 Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
                       const std::vector<Shape>& shapes, std::vector<char*>* out,
                       Status* allocation) {

@@ -48,6 +48,11 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
                     const PackingPlan& plan, char* buffer, DataType dtype, double factor,
                     bool into, ReduceOp neutral_op);
 
+// The fused buffer's pieces copied out to the outputs (`copies`, in
+// elements of `dtype`), timed as the unpack; nothing when there are none.
+Status CopyOut(ExecContext& ctx, const std::vector<PendingOp*>& batch, DataType dtype,
+               const std::vector<DeviceCopy>& copies);
+
 // Where each tensor's received rows go: its output, allocated now by the
 // framework, or for a joined rank's stand-in (whose result is dropped) a
 // part of one device scratch buffer, taken once for the whole batch. An

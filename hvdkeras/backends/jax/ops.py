@@ -155,11 +155,11 @@ def _require_supported_arrays(inputs: Sequence, name: str) -> None:
     """A clear error for arrays on a platform the binding has no handler for
     (a TPU, an AMD GPU): XLA's own ("no registered implementation") does not
     say what to do."""
-    platforms = set()
+    # Traced values are on the default device: asked once, not per tensor.
+    traced = any(isinstance(value, jax.core.Tracer) for value in inputs)
+    platforms = {_platform(jax.devices()[0])} if traced else set()
     for value in inputs:
-        if isinstance(value, jax.core.Tracer):
-            platforms.add(_platform(jax.devices()[0]))
-        elif hasattr(value, "devices"):
+        if not isinstance(value, jax.core.Tracer) and hasattr(value, "devices"):
             platforms |= {_platform(device) for device in value.devices()}
     if platforms - set(PLATFORMS):
         raise ValueError(f"hvdkeras collective '{name}' runs on {' and '.join(PLATFORMS)} "
