@@ -55,7 +55,7 @@ def test_defaults_from_empty_mapping():
     assert cfg == EngineConfig()
     assert cfg.fusion_threshold == 64 * 1024 * 1024
     assert cfg.cycle_time_ms == 1.0
-    assert cfg.cache_capacity == 1024
+    assert cfg.cache_capacity == 16384
     assert cfg.stall_check_seconds == 60.0
     assert cfg.stall_shutdown_seconds == 1800.0  # Note [hang bound]
     assert cfg.timeline_path == ""

@@ -33,6 +33,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "engine_settings": ("engine_settings",),
     "fusion_planner": ("fusion_planner", "common"),
     "half": (),
+    "liveness_links": ("liveness", "liveness_links", "liveness_rules"),
     "liveness_rules": ("liveness_rules",),
     "message": ("message", "common"),
     "range_allocator": ("range_allocator",),

@@ -46,6 +46,10 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_engine_stats.argtypes = [ctypes.POINTER(ctypes.c_int64),
                                           ctypes.POINTER(ctypes.c_double)]
     lib.hvdkeras_engine_stats.restype = None
+    lib.hvdkeras_negotiation_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    lib.hvdkeras_negotiation_stats.restype = None
+    lib.hvdkeras_liveness_sockets.argtypes = []
+    lib.hvdkeras_liveness_sockets.restype = ctypes.c_int
     lib.hvdkeras_allreduce_path.argtypes = []
     lib.hvdkeras_allreduce_path.restype = ctypes.c_char_p
     # The TensorFlow binding's own entry points: absent from the engine library alone.
@@ -248,6 +252,18 @@ def engine_stats(lib: ctypes.CDLL) -> tuple[list, list]:
     counts, seconds = (ctypes.c_int64 * 4)(), (ctypes.c_double * 2)()
     lib.hvdkeras_engine_stats(counts, seconds)
     return list(counts), list(seconds)
+
+
+def negotiation_stats(lib: ctypes.CDLL) -> list:
+    """[cycles, ops from the response cache, ops through rank 0, evictions] since init()."""
+    counts = (ctypes.c_int64 * 4)()
+    lib.hvdkeras_negotiation_stats(counts)
+    return list(counts)
+
+
+def liveness_sockets(lib: ctypes.CDLL) -> int:
+    """Sockets this rank holds for host liveness (Note [liveness tree])."""
+    return int(lib.hvdkeras_liveness_sockets())
 
 
 def allreduce_path(lib: ctypes.CDLL) -> str:

@@ -145,8 +145,10 @@ class EngineConfig:
         fusion_threshold: Largest fused buffer in bytes (0 disables fusion).
         cycle_time_ms: How long an idle rank waits between negotiation ticks,
             in milliseconds. Ranks with new work start a cycle at once.
-        cache_capacity: Entries in the response cache behind the fast
-            negotiation path (0 sends every request to the coordinator).
+        cache_capacity: Most entries in the response cache behind the fast
+            negotiation path; it holds only the collectives the job runs
+            (0 sends every request to the coordinator). Horovod's default
+            is 1024; ours covers a 5,000-tensor model under ZeRO.
         stall_check_seconds: After this long, rank 0 warns about collectives
             that some ranks submitted and others did not (0 disables).
         stall_shutdown_seconds: After this long, such collectives fail on
@@ -192,7 +194,7 @@ class EngineConfig:
 
     fusion_threshold: int = 64 * 1024 * 1024
     cycle_time_ms: float = 1.0
-    cache_capacity: int = 1024
+    cache_capacity: int = 16384
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 1800.0
     liveness_seconds: float = 60.0

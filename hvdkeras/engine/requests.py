@@ -103,9 +103,10 @@ class Pending:
         self._name = name
         self._keep = keep
 
-    def wait(self) -> Finished:
+    def wait(self, bound_seconds: Optional[float] = None) -> Finished:
         """Waits, with the stall bound plus a margin, and returns the request
-        finished (release it when done).
+        finished (release it when done). `bound_seconds` replaces that bound
+        for callers that started the engine without `init()`.
 
         A join waits for as long as the other ranks still work and the engine
         runs: the coordinator ends it with an error naming the ranks that
@@ -116,8 +117,10 @@ class Pending:
                 or it did not finish within the bound.
         """
         error = ctypes.create_string_buffer(c_api.ERROR_CAPACITY)
-        stall = world.require().config.stall_shutdown_seconds
-        bound = stall + _MARGIN_SECONDS if stall > 0 else 1e9
+        if bound_seconds is None:
+            stall = world.require().config.stall_shutdown_seconds
+            bound_seconds = stall + _MARGIN_SECONDS if stall > 0 else 1e9
+        bound = bound_seconds
         outcome = self._lib.hvdkeras_request_wait(self._request, bound, error,
                                                   c_api.ERROR_CAPACITY)
         while outcome == _RUNNING and self._kind == JOIN and self._lib.hvdkeras_engine_running():

@@ -29,6 +29,13 @@ class EngineStats:
             mostly waiting for other ranks to submit the same collective.
         bytes_gathered: Bytes allgathered onto this rank, every rank's part
             (under `zero_stage=3`, the weights gathered for the steps).
+        cycles: Negotiation rounds.
+        cached_ops: Collectives agreed by their response-cache bit alone
+            (the one-allreduce path); in a steady training loop, all of them.
+        negotiated_ops: Collectives agreed through rank 0's coordinator
+            (new names, changed shapes, evicted entries).
+        cache_evictions: Response-cache entries dropped to make room; above
+            zero, raise `HVDKERAS_CACHE_CAPACITY`.
     """
 
     ops: int = 0
@@ -37,6 +44,10 @@ class EngineStats:
     execute_seconds: float = 0.0
     wait_seconds: float = 0.0
     bytes_gathered: int = 0
+    cycles: int = 0
+    cached_ops: int = 0
+    negotiated_ops: int = 0
+    cache_evictions: int = 0
 
     def __sub__(self, earlier: "EngineStats") -> "EngineStats":
         return EngineStats(*(getattr(self, f.name) - getattr(earlier, f.name)
@@ -61,5 +72,8 @@ def engine_stats() -> EngineStats:
     require()
     (ops, batches, reduced, gathered), (executing, waiting) = c_api.engine_stats(
         library.engine_handle())
+    cycles, cached, negotiated, evictions = c_api.negotiation_stats(library.engine_handle())
     return EngineStats(ops=ops, batches=batches, bytes_reduced=reduced,
-                       execute_seconds=executing, wait_seconds=waiting, bytes_gathered=gathered)
+                       execute_seconds=executing, wait_seconds=waiting, bytes_gathered=gathered,
+                       cycles=cycles, cached_ops=cached, negotiated_ops=negotiated,
+                       cache_evictions=evictions)

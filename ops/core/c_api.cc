@@ -56,6 +56,8 @@ int hvdkeras_engine_start(int fortran_comm, const char* settings, char* error,
       s = hvdkeras::Watchdog::Instance().Start(
           comm, config.stall_shutdown_seconds,
           hvdkeras::LivenessBound(config.liveness_seconds, config.stall_shutdown_seconds));
+      // Every rank got the same refusal: each stops its own engine.
+      if (!s.ok()) hvdkeras::Engine::Instance().Stop();
     }
   }
   if (!s.ok()) {
@@ -146,6 +148,16 @@ void hvdkeras_current_params(int64_t* fusion_threshold, double* cycle_time_ms) {
 void hvdkeras_engine_stats(int64_t* counts, double* seconds) {
   hvdkeras::Engine::Instance().Stats(counts, seconds);
 }
+
+// The global set's negotiation totals since init(): counts[4] (cycles, ops
+// agreed from the response cache, ops agreed through rank 0, cache
+// evictions).
+void hvdkeras_negotiation_stats(int64_t* counts) {
+  hvdkeras::Engine::Instance().NegotiationStats(counts);
+}
+
+// Sockets this rank holds for host liveness (Note [liveness tree]).
+int hvdkeras_liveness_sockets() { return hvdkeras::Watchdog::Instance().LivenessSockets(); }
 
 // How large CPU allreduces of the global set go: "shm", "hierarchical" or
 // "mpi" (see Note [hierarchical allreduce] in allreduce_path.h).

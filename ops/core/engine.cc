@@ -225,6 +225,11 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   activity_.Enter(EngineActivity::Phase::kNegotiating);
   Agreement agreement = negotiator_.Negotiate(pending_, signals, now);
   const auto negotiated = Clock::now();
+  const NegotiationCounts& counts = negotiator_.counts();
+  stat_cycles_ = counts.cycles;
+  stat_cached_ops_ = counts.cached_ops;
+  stat_negotiated_ops_ = counts.negotiated_ops;
+  stat_evictions_ = counts.evictions;
   if (waiting) {
     stat_wait_seconds_ = stat_wait_seconds_.load() +
                          std::chrono::duration<double>(negotiated - now).count();

@@ -107,6 +107,16 @@ class Engine {
     seconds[1] = stat_wait_seconds_.load();
   }
 
+  // The negotiation's totals since Start: [0] cycles, [1] ops agreed from
+  // the response cache, [2] ops agreed through rank 0, [3] cache evictions.
+  // Any thread.
+  void NegotiationStats(int64_t counts[4]) const {
+    counts[0] = stat_cycles_.load();
+    counts[1] = stat_cached_ops_.load();
+    counts[2] = stat_negotiated_ops_.load();
+    counts[3] = stat_evictions_.load();
+  }
+
   // "shm", "hierarchical" or "mpi": how large CPU allreduces go, chosen at
   // Start from the hosts' layout (allreduce_path.h).
   const char* allreduce_path() const { return AllreducePathName(allreduce_path_.load()); }
@@ -164,6 +174,10 @@ class Engine {
   std::atomic<int64_t> stat_bytes_gathered_{0};
   std::atomic<double> stat_execute_seconds_{0.0};
   std::atomic<double> stat_wait_seconds_{0.0};
+  std::atomic<int64_t> stat_cycles_{0};
+  std::atomic<int64_t> stat_cached_ops_{0};
+  std::atomic<int64_t> stat_negotiated_ops_{0};
+  std::atomic<int64_t> stat_evictions_{0};
 };
 
 }  // namespace hvdkeras

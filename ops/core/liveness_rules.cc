@@ -25,15 +25,48 @@ LostHosts FindLostHosts(const std::vector<std::string>& host_of_rank,
     if (now - heard <= bound) continue;
     lost.hosts.push_back(host);
     lost.silent_seconds = std::max(lost.silent_seconds, now - heard);
-    for (const auto& [rank, when] : last_heard) {
-      if (rank >= 0 && rank < static_cast<int>(host_of_rank.size()) &&
-          host_of_rank[rank] == host) {
-        lost.ranks.push_back(rank);
-      }
+  }
+  if (lost.hosts.empty()) return lost;
+  for (int rank = 0; rank < static_cast<int>(host_of_rank.size()); ++rank) {
+    if (std::binary_search(lost.hosts.begin(), lost.hosts.end(), host_of_rank[rank])) {
+      lost.ranks.push_back(rank);
     }
   }
-  std::sort(lost.ranks.begin(), lost.ranks.end());
   return lost;
+}
+
+int LivenessTree::ReportsTo(int rank) const {
+  if (rank == 0) return static_cast<int>(leaders.size());
+  if (rank < 0 || rank >= static_cast<int>(leader.size()) || !watched[rank] ||
+      leader[rank] != rank) {
+    return 0;
+  }
+  int members = 0;
+  for (size_t r = 0; r < leader.size(); ++r) members += leader[r] == rank && r != size_t(rank);
+  return members;
+}
+
+LivenessTree PlanLivenessTree(const std::vector<std::string>& host_of_rank) {
+  LivenessTree tree;
+  const int size = static_cast<int>(host_of_rank.size());
+  std::map<std::string, int> first;
+  tree.leader.resize(size);
+  tree.watched.resize(size);
+  for (int r = 0; r < size; ++r) {
+    const int leader = first.emplace(host_of_rank[r], r).first->second;
+    tree.leader[r] = leader;
+    tree.watched[r] = host_of_rank[r] != host_of_rank[0];
+    if (leader == r && tree.watched[r]) tree.leaders.push_back(r);
+  }
+  return tree;
+}
+
+long DescriptorLimitFor(long open_now, long needed, long soft, long hard) {
+  // A quarter more, and at least 256, for what opens after start-up.
+  const long want = open_now + needed + std::max(256L, needed / 4);
+  if (want <= soft) return 0;
+  if (hard >= 0 && want > hard) return -1;  // a negative hard limit: unlimited
+  return want;
 }
 
 }  // namespace hvdkeras

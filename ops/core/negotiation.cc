@@ -56,6 +56,7 @@ void Negotiator::Reset(const MpiContext* mpi, const EngineConfig& config) {
   stand_ins_.clear();
   joined_ = false;
   stall_due_ = false;
+  counts_ = NegotiationCounts();
   last_stall_check_ = Clock::now();
 }
 
@@ -161,7 +162,27 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
       }
     }
   }
+  CountCycle(agreement);
   return agreement;
+}
+
+void Negotiator::CountCycle(const Agreement& agreement) {
+  ++counts_.cycles;
+  counts_.cached_ops += static_cast<int64_t>(agreement.cached_count);
+  counts_.negotiated_ops += static_cast<int64_t>(agreement.ready.size() - agreement.cached_count);
+  const int64_t evictions = static_cast<int64_t>(cache_.evictions());
+  if (evictions > 0 && counts_.evictions == 0 && mpi_->rank() == 0) {
+    // Every rank's cache evicts the same entries (Note [identical response
+    // caches]), so one rank says it.
+    std::fprintf(stderr,
+                 "hvdkeras: warning: the response cache is full (%zu entries, "
+                 "HVDKERAS_CACHE_CAPACITY): this job runs more distinct collectives than it "
+                 "holds, so the ones evicted are negotiated through rank 0 again each time they "
+                 "recur. Raise HVDKERAS_CACHE_CAPACITY above the number of collectives a step "
+                 "runs to keep every step on the one-allreduce path.\n",
+                 cache_.capacity());
+  }
+  counts_.evictions = evictions;
 }
 
 std::string Negotiator::GatherDeviceFailures(const std::string& mine) {

@@ -52,6 +52,14 @@ struct Agreement {
   std::vector<std::pair<PendingOp*, Status>> failed;  // the ranks disagreed
 };
 
+// What the negotiation has done since Reset, for hvdkeras.engine_stats().
+struct NegotiationCounts {
+  int64_t cycles = 0;          // rounds negotiated
+  int64_t cached_ops = 0;      // ops agreed by their cache bit alone
+  int64_t negotiated_ops = 0;  // ops agreed through rank 0's coordinator
+  int64_t evictions = 0;       // cache entries dropped to make room
+};
+
 class Negotiator {
  public:
   using Clock = std::chrono::steady_clock;
@@ -77,10 +85,13 @@ class Negotiator {
   // Rank 0: warns about, or fails, ops some ranks never submitted.
   void InspectStalls(Clock::time_point now);
 
+  const NegotiationCounts& counts() const { return counts_; }
+
  private:
   void Classify(const PendingOps& pending, Clock::time_point now);
   void SlowPath(const PendingOps& pending, bool joined_anywhere, Agreement* agreement);
   PendingOp* StandIn(const Response& response);
+  void CountCycle(const Agreement& agreement);
   // Collective: every rank's device failure ("" for none), as one message
   // naming the ranks that failed and why.
   std::string GatherDeviceFailures(const std::string& mine);
@@ -94,6 +105,7 @@ class Negotiator {
   std::vector<std::unique_ptr<PendingOp>> stand_ins_;  // a joined rank's neutral ops
   bool joined_ = false;                                // this rank called join()
   bool stall_due_ = false;  // rank 0: some name is past the stall shutdown bound
+  NegotiationCounts counts_;
   Clock::time_point last_stall_check_;
 };
 

@@ -19,7 +19,10 @@ void ResponseCache::Put(const Request& signature, std::shared_ptr<const Response
     Touch(slot);
     return;
   }
-  if (by_name_.size() >= capacity_) Erase(lru_.back());
+  if (by_name_.size() >= capacity_) {
+    Erase(lru_.back());
+    ++evictions_;
+  }
   slot = AllocateSlot();
   Slot& s = slots_[slot];
   s.used = true;
@@ -45,12 +48,13 @@ void ResponseCache::Erase(int slot) {
   s.signature = Request();
   s.response = std::make_shared<const Response>();
   free_slots_.push_back(slot);
-  std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
+  std::push_heap(free_slots_.begin(), free_slots_.end(), std::greater<int>());
 }
 
 int ResponseCache::AllocateSlot() {
   if (!free_slots_.empty()) {
-    int slot = free_slots_.back();
+    std::pop_heap(free_slots_.begin(), free_slots_.end(), std::greater<int>());
+    const int slot = free_slots_.back();
     free_slots_.pop_back();
     return slot;
   }

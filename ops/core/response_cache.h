@@ -25,9 +25,15 @@ namespace hvdkeras {
 
 class ResponseCache {
  public:
-  explicit ResponseCache(size_t capacity = 1024) : capacity_(capacity) {}
+  // Slots are made as entries arrive, so a cache holds (and its bit vector
+  // spans) only what the job has used; `capacity` bounds that.
+  explicit ResponseCache(size_t capacity = 16384) : capacity_(capacity) {}
 
   size_t capacity() const { return capacity_; }
+  size_t size() const { return by_name_.size(); }
+  // Entries dropped to make room since construction: more than zero means
+  // the job runs more distinct collectives than the cache holds.
+  size_t evictions() const { return evictions_; }
   // Number of slots in use or freed (an upper bound on slot indices + 1).
   size_t num_slots() const { return slots_.size(); }
 
@@ -64,7 +70,8 @@ class ResponseCache {
 
   size_t capacity_;
   std::vector<Slot> slots_;
-  std::vector<int> free_slots_;  // kept sorted descending: smallest at back
+  std::vector<int> free_slots_;  // a min-heap: the smallest free slot is reused first
+  size_t evictions_ = 0;
   std::list<int> lru_;           // front = most recently used
   std::unordered_map<std::string, int> by_name_;
 };

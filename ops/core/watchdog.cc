@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/liveness_start.h"
+
 namespace hvdkeras {
 
 namespace {
@@ -139,7 +141,11 @@ Status Watchdog::Start(MPI_Comm comm, double bound_seconds, double liveness_seco
   MPI_Query_thread(&provided);
   can_ask_ = provided == MPI_THREAD_MULTIPLE;
   bound_seconds_ = bound_seconds;
-  liveness_.Start(comm_, liveness_seconds);
+  const Status started = StartLiveness(comm_, liveness_seconds, &liveness_);
+  if (!started.ok()) {
+    MPI_Comm_free(&comm_);
+    return started;
+  }
   stop_ = false;
   running_ = true;
   activity_.clear();

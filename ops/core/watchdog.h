@@ -71,6 +71,9 @@ class Watchdog {
   // This rank's own answer.
   std::string Describe();
 
+  // Sockets this rank holds for host liveness (Note [liveness tree]).
+  int LivenessSockets() const { return liveness_.sockets(); }
+
  private:
   void Loop();
   // Answers the questions that have arrived (any thread that polls).

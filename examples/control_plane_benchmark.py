@@ -1,0 +1,224 @@
+"""What the control plane costs at many ranks: start-up, the first step and the
+steady negotiation cycle, measured on real MPI processes beside raw MPI.
+
+    python examples/control_plane_benchmark.py --real --ranks 64 --tensors 300 --json
+
+starts `--ranks` framework-free MPI processes (the engine library through
+ctypes, NumPy buffers; no Keras, TensorFlow, JAX or torch, so about 60 MiB
+each) on this machine, oversubscribed. Every rank submits `--tensors`
+single-float allreduces a step, all at once as a backward pass hands over
+its gradients, waits for them, and checks every result exactly against what
+each rank contributed. Step 1 is negotiated through rank 0 (new names);
+the later steps should be answered from the response cache by one small
+bit-vector allreduce per cycle.
+
+It prints (one JSON object with `--json`):
+  startup_s: launch to the first collective done on every rank, split into
+    mpi_init_s (the interpreter and MPI_Init), engine_start_s (the engine's
+    topology, shared memory and liveness set-up) and first_collective_s;
+  first_step_rank0_cpu_s / first_step_s: the CPU time of rank 0's engine
+    (its threads other than Python's) and the wall time of the negotiated
+    first step;
+  steady_cycle_us / steady_cycle_rank0_cpu_us: wall time and rank 0's
+    engine CPU time per negotiation cycle over the steady steps (the wall
+    time includes Python submitting the requests one by one);
+  steady_tail_us / mpi_tail_floor_us: from the last rank's last submission
+    to the last result (what the control plane adds to a step after its
+    backward pass), beside one bit-vector allreduce and the step's data
+    allreduce through mpi4py;
+  mpi_floor_us: raw mpi4py doing one cycle's collectives in the same job
+    (the bit-vector allreduce of the same length, and the step's fused data
+    allreduce spread over its cycles): what no control plane can undercut;
+  cached_fraction: the share of the steady steps' collectives agreed by
+    their cache bit alone; cache_evictions; rank0_peak_mib (peak resident
+    memory of rank 0); rank0_liveness_sockets; exact.
+
+With more ranks than cores the wall times measure the oversubscription too;
+the ratios to the MPI floor taken in the same run, the CPU times and the
+counts are what carry over to a real cluster (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+RANK_FLAG = "--rank-program"
+LAUNCHED_AT = "HVDKERAS_BENCH_LAUNCHED_AT"
+
+
+def _rank_program(tensors: int, steps: int) -> None:
+    """One rank of the real run; rank 0 prints the JSON line."""
+    launched = float(os.environ[LAUNCHED_AT])
+    from mpi4py import MPI
+    import numpy as np
+
+    from hvdkeras.engine import c_api, library, requests, types
+    from hvdkeras.engine.config import engine_config_from_env
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mpi_ready = time.time()
+    lib = library.engine_handle()
+    loaded = time.time()
+    config = engine_config_from_env()
+    engine_comm = comm.Dup()
+    comm.Barrier()
+    engine_begin = time.time()
+    c_api.start(lib, engine_comm.py2f(), config)
+    engine_ready = time.time()
+    bound = config.stall_shutdown_seconds + 60.0
+    dtype = next(d.value for d in library.vocabulary().dtypes if d.name == "float32")
+    sum_op = types.Sum
+    expected = np.float32(size * (size + 1) / 2)
+    exact = True
+
+    def step(label: str) -> tuple:
+        """Returns when this rank had submitted the step's last tensor and
+        when it had every result."""
+        nonlocal exact
+        inputs = [np.full(1, rank + 1, np.float32) for _ in range(tensors)]
+        outputs = [np.empty(1, np.float32) for _ in range(tensors)]
+        pending = [requests.submit(requests.ALLREDUCE, f"{label}.{i}",
+                                   [requests.Buffer(a.ctypes.data, a.shape)],
+                                   [o.ctypes.data], dtype, op=sum_op, keep=(a, o))
+                   for i, (a, o) in enumerate(zip(inputs, outputs))]
+        submitted = time.time()
+        for p in pending:
+            p.wait(bound).release()
+        done = time.time()
+        exact = exact and all(o[0] == expected for o in outputs)
+        return submitted, done
+
+    def engine_cpu() -> float:
+        """CPU time of this process's threads other than this one: the
+        engine's and the watchdog's."""
+        return time.process_time() - time.thread_time()
+
+    one = np.ones(1, np.float32)
+    requests.submit(requests.ALLREDUCE, "startup", [requests.Buffer(one.ctypes.data, (1,))],
+                    [one.ctypes.data], dtype, op=sum_op, keep=one).wait(bound).release()
+    first_done = comm.allreduce(time.time(), op=MPI.MAX)
+    started = {"mpi_init_s": comm.allreduce(mpi_ready - launched, op=MPI.MAX),
+               "library_load_s": comm.allreduce(loaded - mpi_ready, op=MPI.MAX),
+               "engine_start_s": comm.allreduce(engine_ready - engine_begin, op=MPI.MAX),
+               "first_collective_s": first_done - comm.allreduce(engine_ready, op=MPI.MAX),
+               "startup_s": first_done - launched}
+
+    comm.Barrier()
+    cpu0, wall0 = engine_cpu(), time.perf_counter()
+    step("grad")  # new names: negotiated at rank 0
+    first_cpu, first_wall = engine_cpu() - cpu0, time.perf_counter() - wall0
+    first_wall = comm.allreduce(first_wall, op=MPI.MAX)
+    before = c_api.negotiation_stats(lib)
+    comm.Barrier()
+    cpu0, wall0 = engine_cpu(), time.perf_counter()
+    marks = [step("grad") for _ in range(steps)]
+    steady_cpu, steady_wall = engine_cpu() - cpu0, time.perf_counter() - wall0
+    steady_wall = comm.allreduce(steady_wall, op=MPI.MAX)
+    # The tail: from the last rank's last submission to the last rank's last
+    # result, the part of a step the control plane adds after the backward pass.
+    last_submitted = np.array([m[0] for m in marks])
+    last_done = np.array([m[1] for m in marks])
+    comm.Allreduce(MPI.IN_PLACE, last_submitted, op=MPI.MAX)
+    comm.Allreduce(MPI.IN_PLACE, last_done, op=MPI.MAX)
+    tail = float(np.median(last_done - last_submitted))
+    after = c_api.negotiation_stats(lib)
+    cycles, cached, negotiated = (after[i] - before[i] for i in range(3))
+    cycles = max(comm.allreduce(cycles, op=MPI.MAX), 1)
+
+    # The floor: the same cycles' collectives through mpi4py alone.
+    words = 1 + 2 * ((tensors + 2 + 63) // 64)
+    bits = np.full(words, ~np.uint64(0), np.uint64)
+    data = np.full(tensors, rank + 1, np.float32)
+    comm.Barrier()
+    wall0 = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(cycles // steps):
+            comm.Allreduce(MPI.IN_PLACE, bits, op=MPI.BAND)
+        comm.Allreduce(MPI.IN_PLACE, data.copy(), op=MPI.SUM)
+    floor_wall = comm.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
+    # The tail's floor: one bit-vector allreduce and the step's data.
+    comm.Barrier()
+    wall0 = time.perf_counter()
+    for _ in range(steps):
+        comm.Allreduce(MPI.IN_PLACE, bits, op=MPI.BAND)
+        comm.Allreduce(MPI.IN_PLACE, data.copy(), op=MPI.SUM)
+    tail_floor = comm.allreduce(time.perf_counter() - wall0, op=MPI.MAX) / steps
+
+    exact = comm.allreduce(exact, op=MPI.LAND)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    sockets = c_api.liveness_sockets(lib)
+    lib.hvdkeras_engine_stop()
+    if rank == 0:
+        print(json.dumps({
+            "ranks": size, "tensors": tensors, "steps": steps, "exact": bool(exact),
+            **{k: round(v, 4) for k, v in started.items()},
+            "first_step_s": round(first_wall, 4),
+            "first_step_rank0_cpu_s": round(first_cpu, 4),
+            "steady_cycles_per_step": round(cycles / steps, 2),
+            "steady_cycle_us": round(steady_wall / cycles * 1e6, 1),
+            "steady_cycle_rank0_cpu_us": round(steady_cpu / cycles * 1e6, 1),
+            "mpi_floor_us": round(floor_wall / cycles * 1e6, 1),
+            "steady_tail_us": round(tail * 1e6, 1),
+            "mpi_tail_floor_us": round(tail_floor * 1e6, 1),
+            "cached_fraction": round(cached / max(cached + negotiated, 1), 4),
+            "cache_evictions": after[3],
+            "rank0_peak_mib": round(peak, 1),
+            "rank0_liveness_sockets": sockets,
+        }), flush=True)
+
+
+def run_real(ranks: int, tensors: int, steps: int, extra_env: Dict[str, str],
+             timeout: float) -> dict:
+    """Launches the real run and returns rank 0's figures."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = {**os.environ, **extra_env, LAUNCHED_AT: repr(time.time())}
+    cmd = [str(mpiexec), "-n", str(ranks), sys.executable, __file__, RANK_FLAG,
+           str(tensors), str(steps)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the {ranks}-rank run failed (exit {done.returncode}):\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1])
+    result["stderr"] = done.stderr
+    return result
+
+
+def main(argv: List[str]) -> int:
+    if argv[:1] == [RANK_FLAG]:
+        _rank_program(int(argv[1]), int(argv[2]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real", action="store_true", required=True,
+                        help="start real MPI processes on this machine")
+    parser.add_argument("--ranks", type=int, default=16)
+    parser.add_argument("--tensors", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=5, help="steady steps after the first")
+    parser.add_argument("--cache-capacity", type=int, help="HVDKERAS_CACHE_CAPACITY")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--json", action="store_true", help="one JSON line")
+    args = parser.parse_args(argv)
+    extra = {}
+    if args.cache_capacity is not None:
+        extra["HVDKERAS_CACHE_CAPACITY"] = str(args.cache_capacity)
+    result = run_real(args.ranks, args.tensors, args.steps, extra, args.timeout)
+    result.pop("stderr")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:28s} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
