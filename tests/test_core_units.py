@@ -29,7 +29,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "burst_memory": ("burst_memory",),
     "common": ("common",),
     "device_packing": ("device_packing",),
-    "coordinator": ("coordinator", "message", "common"),
+    "coordinator": ("coordinator", "request_validation", "message", "common"),
     "engine_settings": ("engine_settings",),
     "fusion_planner": ("fusion_planner", "common"),
     "half": (),

@@ -32,6 +32,11 @@ ABSENT_S = 2 * BOUND_S + SLACK_S  # how long the missing rank stays away
 
 def test_the_messages_name_the_ranks():
     assert agreement.describe_ranks([0, 2]) == "0, 2"
+    # The same words as the C++ core's RankListText (ops/tests/test_common.cc).
+    assert agreement.describe_ranks([0, 2, 5, 6, 7, 8, 9]) == "0, 2, 5-9"
+    assert agreement.describe_ranks([1, 2, 3, 7, 8]) == "1-3, 7, 8"
+    assert agreement.describe_ranks(list(range(16384))) == "0-16383"
+    assert agreement.describe_ranks(list(range(0, 100, 2)), 3) == "0, 2, 4 and 47 more"
     text = agreement.diverged_message("hvdkeras.add_process_set()", 0,
                                       {1: "hvdkeras.remove_process_set()"})
     assert text.startswith("hvdkeras: rank 0 is in hvdkeras.add_process_set(), but rank 1 is "

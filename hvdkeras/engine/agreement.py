@@ -47,9 +47,39 @@ class MeetingError(RuntimeError):
     """Raised when the ranks could not all meet (different calls, or a timeout)."""
 
 
-def describe_ranks(ranks: List[int]) -> str:
-    """"0, 2" for [0, 2]. Pure."""
-    return ", ".join(str(r) for r in ranks)
+def describe_ranks(ranks: List[int], most_runs: int = 32) -> str:
+    """Ranks in words, as the C++ core's RankListText writes them. Pure.
+
+    Runs of three or more become a range, so a message about thousands of
+    ranks stays a line; after `most_runs` items the rest is counted.
+
+    Args:
+        ranks: ascending ranks.
+        most_runs: how many items to write before "and N more"; 0 for all.
+
+    Returns:
+        "0, 2, 5-9" for [0, 2, 5, 6, 7, 8, 9].
+
+    Example:
+        >>> describe_ranks([0, 1, 2, 3, 7])
+        '0-3, 7'
+    """
+    items: List[str] = []
+    i = 0
+    while i < len(ranks):
+        if most_runs and len(items) == most_runs:
+            items[-1] += f" and {len(ranks) - i} more"
+            break
+        end = i + 1
+        while end < len(ranks) and ranks[end] == ranks[end - 1] + 1:
+            end += 1
+        if end - i >= 3:
+            items.append(f"{ranks[i]}-{ranks[end - 1]}")
+        else:
+            end = i + 1
+            items.append(str(ranks[i]))
+        i = end
+    return ", ".join(items)
 
 
 def diverged_message(what: str, rank: int, theirs: Dict[int, str]) -> str:

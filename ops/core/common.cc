@@ -112,6 +112,26 @@ std::string ShapeString(const Shape& shape) {
   return out.str();
 }
 
+std::string RankListText(const std::vector<int>& ranks, size_t most_runs) {
+  std::string text;
+  size_t runs = 0;
+  size_t i = 0;
+  while (i < ranks.size()) {
+    size_t end = i + 1;  // one past the run that starts at i
+    while (end < ranks.size() && ranks[end] == ranks[end - 1] + 1) ++end;
+    if (most_runs && runs == most_runs) {
+      text += " and " + std::to_string(ranks.size() - i) + " more";
+      break;
+    }
+    if (end - i < 3) end = i + 1;  // two in a row read better as "4, 5"
+    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (end - i >= 3) text += "-" + std::to_string(ranks[end - 1]);
+    ++runs;
+    i = end;
+  }
+  return text;
+}
+
 void CopyText(const std::string& text, char* out, int capacity) {
   if (!out || capacity <= 0) return;
   const size_t n = std::min(text.size(), static_cast<size_t>(capacity - 1));

@@ -76,6 +76,11 @@ bool IsReducible(DataType dtype);
 
 int64_t NumElements(const Shape& shape);
 std::string ShapeString(const Shape& shape);
+// Ranks in words for messages: "0, 2, 5-9" for {0, 2, 5, 6, 7, 8, 9} (runs of
+// three or more as a range, so a message about thousands of ranks stays a
+// line). After `most_runs` items the rest is counted: "... and 12 more".
+// Expects ascending ranks; 0 for `most_runs` means no cap.
+std::string RankListText(const std::vector<int>& ranks, size_t most_runs = 32);
 // Writes `text` into the C buffer `out` of `capacity` bytes, cut to fit and
 // NUL-terminated (for the C entry points' messages).
 void CopyText(const std::string& text, char* out, int capacity);

@@ -1,224 +1,116 @@
 #include "core/coordinator.h"
 
 #include <algorithm>
-#include <functional>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 
 namespace hvdkeras {
 
-namespace {
-
-using Describe = std::function<std::string(const Request&)>;
-
-// Describes a per-rank value that differs across ranks, grouping ranks that
-// sent the same thing: "[2, 3] from ranks 0, 2; [3, 3] from rank 1".
-std::string DescribeByRank(const std::vector<Request>& requests, const Describe& describe) {
-  std::vector<std::string> values;
-  std::vector<std::vector<int>> ranks;
-  for (const Request& r : requests) {
-    std::string v = describe(r);
-    size_t i = 0;
-    while (i < values.size() && values[i] != v) ++i;
-    if (i == values.size()) {
-      values.push_back(v);
-      ranks.emplace_back();
-    }
-    ranks[i].push_back(r.rank);
-  }
-  std::ostringstream out;
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i) out << "; ";
-    out << values[i] << " from rank" << (ranks[i].size() > 1 ? "s " : " ");
-    for (size_t k = 0; k < ranks[i].size(); ++k) {
-      if (k) out << ", ";
-      out << ranks[i][k];
-    }
-  }
-  return out.str();
-}
-
-bool AllSame(const std::vector<Request>& requests, const Describe& describe) {
-  const std::string first = describe(requests[0]);
-  for (const Request& r : requests) {
-    if (describe(r) != first) return false;
-  }
-  return true;
-}
-
-std::string FormatDouble(double v) {
-  std::ostringstream out;
-  out.precision(17);  // round-trips a double: equal text means equal values
-  out << v;
-  return out.str();
-}
-
-template <typename T, typename F>
-std::string JoinList(const std::vector<T>& items, F format) {
-  if (items.size() == 1) return format(items[0]);
-  std::string s = "(";
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i) s += ", ";
-    s += format(items[i]);
-  }
-  return s + ")";
-}
-
-std::string DtypesString(const Request& r) {
-  return JoinList(r.dtypes, [](DataType d) { return std::string(DataTypeName(d)); });
-}
-
-std::string ShapesString(const Request& r) { return JoinList(r.shapes, ShapeString); }
-
-// Shapes with the first dimension left out, for ops where it may differ.
-std::string TrailingShapesString(const Request& r) {
-  return JoinList(r.shapes, [](const Shape& s) {
-    if (s.empty()) return std::string("a scalar");
-    std::string text = "[*";
-    for (size_t d = 1; d < s.size(); ++d) text += ", " + std::to_string(s[d]);
-    return text + "]";
-  });
-}
-
-bool FirstDimMayDiffer(OpType op) { return op == OpType::kAllgather || op == OpType::kAlltoall; }
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
-}  // namespace
-
-std::string ValidateRequests(const std::vector<Request>& submitted, int world_size,
-                             const std::vector<bool>& joined) {
-  const Request& first = submitted[0];
-  const std::string tensor = "'" + first.name + "'";
-  const std::string what = std::string(OpTypeName(first.op_type)) + " of tensor " + tensor;
-  auto mismatch = [&](const std::string& field, const Describe& describe) {
-    return "Mismatched " + field + " for " + what + " across ranks: " +
-           DescribeByRank(submitted, describe) + ". Every rank must submit the same " + field +
-           " under one name.";
-  };
-  auto op_name = [](const Request& r) { return std::string(OpTypeName(r.op_type)); };
-  if (!AllSame(submitted, op_name)) {
-    return "Mismatched operations for tensor " + tensor + " across ranks: " +
-           DescribeByRank(submitted, op_name) + ". Every rank must run the same collective "
-           "under one name.";
-  }
-  auto device = [](const Request& r) { return std::string(DeviceKindName(r.device)); };
-  if (!AllSame(submitted, device)) {
-    return "Mismatched devices for " + what + " across ranks: " + DescribeByRank(submitted, device) +
-           ". Every rank must hold the tensor in the same kind of memory: give every process "
-           "a GPU (hvdkeras.pin_gpu()) or none.";
-  }
-  auto count = [](const Request& r) { return std::to_string(r.shapes.size()) + " tensor(s)"; };
-  if (!AllSame(submitted, count)) return mismatch("tensor counts", count);
-  if (!AllSame(submitted, DtypesString)) return mismatch("data types", DtypesString);
-
-  if (FirstDimMayDiffer(first.op_type)) {
-    for (const Request& r : submitted) {
-      for (const Shape& s : r.shapes) {
-        if (s.empty()) {
-          return "Cannot run " + what + ": rank " + std::to_string(r.rank) +
-                 " sent a scalar, but " + OpTypeName(first.op_type) +
-                 " needs at least one dimension.";
-        }
-      }
-    }
-    if (!AllSame(submitted, TrailingShapesString)) {
-      return mismatch("shapes (all dimensions but the first must match)", TrailingShapesString);
-    }
-  } else if (!AllSame(submitted, ShapesString)) {
-    return mismatch("shapes", ShapesString);
-  }
-
-  switch (first.op_type) {
-    case OpType::kAllreduce:
-    case OpType::kReducescatter: {
-      auto reduce = [](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); };
-      if (!AllSame(submitted, reduce)) return mismatch("reduction ops", reduce);
-      auto scales = [](const Request& r) {
-        return "prescale " + FormatDouble(r.prescale) + " / postscale " + FormatDouble(r.postscale);
-      };
-      if (!AllSame(submitted, scales)) return mismatch("scale factors", scales);
-      if (first.op_type == OpType::kReducescatter) {
-        for (const Request& r : submitted) {
-          for (const Shape& s : r.shapes) {
-            if (s.empty()) {
-              return "Cannot run " + what + ": rank " + std::to_string(r.rank) +
-                     " sent a scalar, but reducescatter splits the first dimension.";
-            }
-          }
-        }
-      }
-      break;
-    }
-    case OpType::kBroadcast: {
-      auto root = [](const Request& r) { return "root " + std::to_string(r.root_rank); };
-      if (!AllSame(submitted, root)) return mismatch("root ranks", root);
-      if (first.root_rank < 0 || first.root_rank >= world_size) {
-        return "Invalid root rank " + std::to_string(first.root_rank) + " for " + what +
-               ": the world has " + std::to_string(world_size) +
-               " rank(s), so the root must be in 0.." + std::to_string(world_size - 1) + ".";
-      }
-      if (joined[first.root_rank]) {
-        return "Cannot run " + what + ": its root rank " + std::to_string(first.root_rank) +
-               " has already called join().";
-      }
-      break;
-    }
-    case OpType::kAlltoall:
-      for (const Request& r : submitted) {
-        const std::string rank = "rank " + std::to_string(r.rank);
-        if (r.shapes.size() != 1) {
-          return "Invalid " + what + ": " + rank + " sent " + std::to_string(r.shapes.size()) +
-                 " tensors; alltoall takes exactly one.";
-        }
-        if (r.splits.size() != static_cast<size_t>(world_size)) {
-          return "Invalid splits for " + what + ": " + rank + " gave " +
-                 std::to_string(r.splits.size()) + " split(s), but the world has " +
-                 std::to_string(world_size) + " rank(s); give one row count per rank.";
-        }
-        int64_t total = 0;
-        for (int64_t v : r.splits) {
-          if (v < 0) {
-            return "Invalid splits for " + what + ": " + rank + " gave a negative row count " +
-                   std::to_string(v) + ".";
-          }
-          total += v;
-        }
-        if (total != r.shapes[0][0]) {
-          return "Invalid splits for " + what + ": " + rank + "'s splits add up to " +
-                 std::to_string(total) + " rows, but its tensor has " +
-                 std::to_string(r.shapes[0][0]) + " rows.";
-        }
-      }
-      break;
-    default:
-      break;
-  }
-  return "";
-}
-
 Coordinator::Coordinator(int size)
     : size_(size), last_request_(size, SteadyClock::now()), joined_(size, false) {}
 
 bool Coordinator::IsReady(const Entry& entry) const {
-  for (int r = 0; r < size_; ++r) {
-    if (!entry.seen[r] && !joined_[r]) return false;
+  // Every rank has sent the name or joined: those seen, plus those joined
+  // that were not seen.
+  return entry.received > 0 && entry.received + joined_count_ - entry.joined_seen == size_;
+}
+
+namespace {
+
+bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Whether `r` matches `reference` in everything but the sending rank, its
+// age and the per-rank numbers an entry keeps apart (Note [one reference
+// request per name]). Stricter than ValidateRequests (bitwise scales), so a
+// request this calls the same can never change what validation says.
+bool SameButPerRankNumbers(const Request& r, const Request& reference) {
+  if (r.op_type != reference.op_type || r.reduce_op != reference.reduce_op ||
+      !SameBits(r.prescale, reference.prescale) || !SameBits(r.postscale, reference.postscale) ||
+      r.root_rank != reference.root_rank || r.device != reference.device ||
+      r.dtypes != reference.dtypes || r.shapes.size() != reference.shapes.size()) {
+    return false;
   }
-  return entry.received > 0;
+  const bool per_rank_rows = FirstDimMayDiffer(r.op_type);
+  for (size_t t = 0; t < r.shapes.size(); ++t) {
+    const Shape& a = r.shapes[t];
+    const Shape& b = reference.shapes[t];
+    if (a.size() != b.size()) return false;
+    const size_t from = per_rank_rows && !a.empty() ? 1 : 0;
+    if (!std::equal(a.begin() + from, a.end(), b.begin() + from)) return false;
+  }
+  return r.op_type == OpType::kAlltoall ? r.splits.size() == reference.splits.size()
+                                        : r.splits == reference.splits;
+}
+
+}  // namespace
+
+void Coordinator::Record(Entry& entry, const Request& request) {
+  const int rank = request.rank;
+  if (entry.received == 0) {
+    entry.reference = request;
+    entry.tensors = static_cast<int>(request.shapes.size());
+    if (FirstDimMayDiffer(request.op_type)) {
+      entry.first_dims.assign(static_cast<size_t>(size_) * entry.tensors, 0);
+    }
+    if (request.op_type == OpType::kAlltoall) {
+      entry.splits.assign(static_cast<size_t>(size_) * request.splits.size(), 0);
+    }
+  }
+  entry.odd.erase(rank);
+  if (!SameButPerRankNumbers(request, entry.reference)) {
+    entry.odd[rank] = request;  // validation will say what differs
+    return;
+  }
+  if (!entry.first_dims.empty()) {
+    for (int t = 0; t < entry.tensors; ++t) {
+      const Shape& shape = request.shapes[t];
+      entry.first_dims[static_cast<size_t>(rank) * entry.tensors + t] =
+          shape.empty() ? 0 : shape[0];
+    }
+  }
+  if (!entry.splits.empty()) {
+    std::copy(request.splits.begin(), request.splits.end(),
+              entry.splits.begin() + static_cast<size_t>(rank) * request.splits.size());
+  }
+}
+
+Request Coordinator::Sent(const Entry& entry, int rank) const {
+  auto odd = entry.odd.find(rank);
+  if (odd != entry.odd.end()) return odd->second;
+  Request request = entry.reference;
+  request.rank = rank;
+  if (!entry.first_dims.empty()) {
+    for (int t = 0; t < entry.tensors; ++t) {
+      if (!request.shapes[t].empty()) {
+        request.shapes[t][0] = entry.first_dims[static_cast<size_t>(rank) * entry.tensors + t];
+      }
+    }
+  }
+  if (!entry.splits.empty()) {
+    const size_t n = request.splits.size();
+    std::copy(entry.splits.begin() + rank * n, entry.splits.begin() + (rank + 1) * n,
+              request.splits.begin());
+  }
+  return request;
 }
 
 Response Coordinator::BuildResponse(const Entry& entry) const {
-  std::vector<Request> submitted;
-  for (int r = 0; r < size_; ++r) {
-    if (entry.seen[r]) submitted.push_back(entry.by_rank[r]);
-  }
   Response response;
-  response.name = submitted[0].name;
-  response.agreed = submitted[0];
+  response.agreed = Sent(entry, entry.lowest_rank);
+  response.name = response.agreed.name;
+  // When every rank sent the reference, the one request stands for all of
+  // them: ValidateRequests finds the same over one as over all. Alltoall's
+  // splits are checked rank by rank, and odd requests need every rank's
+  // words, so those take the long way.
+  std::vector<Request> submitted;
+  if (entry.odd.empty() && entry.reference.op_type != OpType::kAlltoall) {
+    submitted.push_back(response.agreed);
+  } else {
+    for (int r = 0; r < size_; ++r) {
+      if (entry.seen[r]) submitted.push_back(Sent(entry, r));
+    }
+  }
   std::string error = ValidateRequests(submitted, size_, joined_);
   if (!error.empty()) {
     response.kind = Response::Kind::kError;
@@ -230,14 +122,18 @@ Response Coordinator::BuildResponse(const Entry& entry) const {
     response.sizes.assign(agreed.shapes.size() * size_, 0);
     for (size_t t = 0; t < agreed.shapes.size(); ++t) {
       for (int r = 0; r < size_; ++r) {
-        if (entry.seen[r]) response.sizes[t * size_ + r] = entry.by_rank[r].shapes[t][0];
+        if (!entry.seen[r]) continue;
+        auto odd = entry.odd.find(r);
+        response.sizes[t * size_ + r] = odd != entry.odd.end()
+                                            ? odd->second.shapes[t][0]
+                                            : entry.first_dims[r * entry.tensors + t];
       }
     }
   } else if (agreed.op_type == OpType::kAlltoall) {
     response.sizes.assign(static_cast<size_t>(size_) * size_, 0);
-    for (int s = 0; s < size_; ++s) {
-      if (!entry.seen[s]) continue;
-      for (int d = 0; d < size_; ++d) response.sizes[s * size_ + d] = entry.by_rank[s].splits[d];
+    for (const Request& sent : submitted) {
+      std::copy(sent.splits.begin(), sent.splits.end(),
+                response.sizes.begin() + static_cast<size_t>(sent.rank) * size_);
     }
   } else if (agreed.op_type == OpType::kJoin) {
     response.last_joined_rank = join_order_.empty() ? -1 : join_order_.back();
@@ -248,8 +144,7 @@ Response Coordinator::BuildResponse(const Entry& entry) const {
 void Coordinator::Add(const Request& request, SteadyClock::time_point now) {
   if (request.rank < 0 || request.rank >= size_) return;  // not from this world
   Entry& entry = table_[request.name];
-  if (entry.by_rank.empty()) {
-    entry.by_rank.resize(size_);
+  if (entry.seen.empty()) {
     entry.seen.assign(size_, false);
     entry.submitted_at.resize(size_);
     entry.sequence = next_sequence_++;
@@ -261,9 +156,13 @@ void Coordinator::Add(const Request& request, SteadyClock::time_point now) {
   entry.first_seen = std::min(entry.first_seen, submitted_at);
   entry.submitted_at[request.rank] = submitted_at;
   last_request_[request.rank] = std::max(last_request_[request.rank], now);
-  if (!entry.seen[request.rank]) ++entry.received;
+  Record(entry, request);
+  if (!entry.seen[request.rank]) {
+    ++entry.received;
+    if (joined_[request.rank]) ++entry.joined_seen;
+    if (entry.lowest_rank < 0 || request.rank < entry.lowest_rank) entry.lowest_rank = request.rank;
+  }
   entry.seen[request.rank] = true;
-  entry.by_rank[request.rank] = request;
   if (request.op_type == OpType::kJoin) {
     Join(request.rank);  // may complete other names as well
   } else if (IsReady(entry)) {
@@ -283,16 +182,23 @@ void Coordinator::Join(int rank) {
     joined_[rank] = true;
     ++joined_count_;
     join_order_.push_back(rank);
+    for (auto& [name, entry] : table_) {
+      if (entry.seen[rank]) ++entry.joined_seen;
+    }
   }
   PromoteReady();
 }
 
+void Coordinator::ForgetJoins() {
+  joined_.assign(size_, false);  // the ranks that joined are ranks again
+  joined_count_ = 0;
+  join_order_.clear();
+  for (auto& [name, entry] : table_) entry.joined_seen = 0;
+}
+
 bool Coordinator::IsJoin(const Entry& entry) const {
   // Waiting in join() for slower ranks is the point of join, not a stall.
-  for (int r = 0; r < size_; ++r) {
-    if (entry.seen[r]) return entry.by_rank[r].op_type == OpType::kJoin;
-  }
-  return false;
+  return entry.received > 0 && entry.reference.op_type == OpType::kJoin;
 }
 
 void Coordinator::PromoteReady() {
@@ -312,9 +218,7 @@ void Coordinator::PromoteReady() {
   for (const auto& item : ready_names) Complete(item.second);
   if (!join_name.empty()) {
     Complete(join_name);
-    joined_.assign(size_, false);
-    joined_count_ = 0;
-    join_order_.clear();
+    ForgetJoins();
   }
 }
 
@@ -347,7 +251,7 @@ std::string ExplainStall(const Stall& stall) {
            "skipped, added or reordered a collective, or caught an error and went on)";
   }
   if (!idle.empty()) {
-    out << ". Rank(s) " << RankList(idle)
+    out << ". Rank(s) " << RankListText(idle)
         << " wait in no collective: they run their own code (a longer loop, a step only they "
            "take), are stuck, or have finished";
   }
@@ -420,23 +324,22 @@ void Coordinator::FailStalled(SteadyClock::time_point now, double seconds) {
     std::ostringstream message;
     message.precision(3);
     if (IsJoin(table_[stall.name])) {
-      message << "join() waited " << stall.seconds << " s for rank(s) " << RankList(stall.missing)
+      message << "join() waited " << stall.seconds << " s for rank(s) "
+              << RankListText(stall.missing)
               << ", which neither joined nor submitted any collective for twice the bound (rank(s) "
-              << RankList(stall.submitted)
+              << RankListText(stall.submitted)
               << " joined), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS"
               << ExplainStall(stall)
               << ". Every rank must call join() once it has no more collectives to run.";
       response.error = message.str();
       ready_.push_back(std::move(response));
       table_.erase(stall.name);
-      joined_.assign(size_, false);  // the ranks that joined are ranks again
-      joined_count_ = 0;
-      join_order_.clear();
+      ForgetJoins();
       continue;
     }
     message << "Collective '" << stall.name << "' stalled for " << stall.seconds
-            << " s: rank(s) " << RankList(stall.missing) << " never submitted it (rank(s) "
-            << RankList(stall.submitted)
+            << " s: rank(s) " << RankListText(stall.missing) << " never submitted it (rank(s) "
+            << RankListText(stall.submitted)
             << " did), so it was ended by HVDKERAS_STALL_SHUTDOWN_SECONDS" << ExplainStall(stall)
             << ". Check that every rank runs the same collectives (e.g. the same number of "
                "steps).";

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/message.h"
+#include "core/request_validation.h"
 
 namespace hvdkeras {
 
@@ -69,16 +70,38 @@ class Coordinator {
   void FailStalled(SteadyClock::time_point now, double seconds);
 
  private:
+  // One name's requests so far.
+  //
+  // Note [one reference request per name]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The ranks of a data-parallel job almost always send the same request,
+  // so an entry keeps one of them (`reference`), the few per-rank numbers
+  // that may differ (an allgather's or alltoall's first dimensions,
+  // alltoall's splits) and, apart, only the requests that differ from the
+  // reference in anything else (`odd`). What rank r sent is Sent(entry, r).
+  // Readiness is a count, so adding a request costs the same at 4 ranks as
+  // at 16,384, and a name waiting on 16,384 ranks holds one request, not
+  // 16,384. Validation over the one reference finds what it would over all
+  // (BuildResponse); the unit test at 16,384 ranks checks the answers.
   struct Entry {
-    std::vector<Request> by_rank;
+    Request reference;  // the first to arrive; its rank field is not meaningful
+    std::map<int, Request> odd;
+    int tensors = 0;                 // the reference's tensor count
+    std::vector<int64_t> first_dims;  // allgather, alltoall: [rank * tensors + t]
+    std::vector<int64_t> splits;      // alltoall: [rank * size + destination]
     std::vector<bool> seen;
     std::vector<SteadyClock::time_point> submitted_at;
     int received = 0;
+    int joined_seen = 0;  // ranks that both sent this and have joined
+    int lowest_rank = -1;
     SteadyClock::time_point first_seen;
     uint64_t sequence = 0;
     bool warned = false;
   };
 
+  // The request rank `rank` sent for the entry (it must have sent one).
+  Request Sent(const Entry& entry, int rank) const;
+  void Record(Entry& entry, const Request& request);
   bool IsReady(const Entry& entry) const;
   bool Stalled(const Entry& entry, SteadyClock::time_point now, double seconds) const;
   // The names `rank` has waiting here, other than `except`, oldest first.
@@ -86,6 +109,7 @@ class Coordinator {
   bool IsJoin(const Entry& entry) const;
   Response BuildResponse(const Entry& entry) const;
   void Join(int rank);
+  void ForgetJoins();
   void PromoteReady();
 
   int size_;
@@ -102,11 +126,5 @@ class Coordinator {
   int joined_count_ = 0;
   uint64_t next_sequence_ = 0;
 };
-
-// Checks that the submitting ranks' requests for one name agree (and, for
-// broadcast, that the root is valid and has not joined). Returns "" when they
-// do, or a message naming the tensor and what each rank sent.
-std::string ValidateRequests(const std::vector<Request>& submitted, int world_size,
-                             const std::vector<bool>& joined);
 
 }  // namespace hvdkeras

@@ -17,15 +17,6 @@ constexpr double kAcceptSeconds = 15.0;  // for the greetings of those that conn
 constexpr int kOfferBytes = 1024;        // "port address address ..." or "!why"
 constexpr int kHostBytes = 256;
 
-std::string JoinRanks(const std::vector<int>& ranks, size_t most = 16) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size() && i < most; ++i) {
-    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
-  }
-  if (ranks.size() > most) text += " and " + std::to_string(ranks.size() - most) + " more";
-  return text;
-}
-
 }  // namespace
 
 Status StartLiveness(MPI_Comm comm, double bound_seconds, Liveness* liveness) {
@@ -140,7 +131,7 @@ Status StartLiveness(MPI_Comm comm, double bound_seconds, Liveness* liveness) {
                    "offered: %s) for host liveness, so a lost host among theirs (the ranks "
                    "there besides) is found only by HVDKERAS_STALL_SHUTDOWN_SECONDS (see "
                    "Note [host liveness]).\n",
-                   JoinRanks(missing).c_str(), root_host.c_str(), offer.data());
+                   RankListText(missing, 16).c_str(), root_host.c_str(), offer.data());
     }
     for (int r = 0; r < size; ++r) {
       // A member counts as taken when its leader was: the leader decides below.

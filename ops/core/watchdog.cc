@@ -323,8 +323,7 @@ void Watchdog::EndJob(const EngineActivity& stuck, double seconds) {
       if (answer.rfind("no answer", 0) == 0) silent.push_back(rank);
     }
     if (!silent.empty()) {
-      std::string list;
-      for (int r : silent) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      const std::string list = RankListText(silent);
       out << " Rank(s) " << list << " did not answer.";
       reason += " (rank(s) " + list + " did not answer)";
     }
@@ -350,9 +349,9 @@ bool Watchdog::Silent(int rank) const {
 }
 
 void Watchdog::EndLostHosts(const Liveness::Verdict& verdict) {
-  std::string hosts, ranks;
+  std::string hosts;
   for (const std::string& host : verdict.lost_hosts) hosts += (hosts.empty() ? "" : ", ") + host;
-  for (int r : verdict.lost_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  const std::string ranks = RankListText(verdict.lost_ranks);
   const std::string reason = "lost host(s) " + hosts + ": nothing from rank(s) " + ranks +
                              " for " + Seconds(verdict.silent_seconds) + " s";
   const std::string text =

@@ -48,4 +48,23 @@ TEST(ReduceOpsKeepHorovodsNumbers) {
   CHECK_EQ(std::string(hvdkeras::ReduceOpName(ReduceOp::kMin)), std::string("Min"));
 }
 
+TEST(RankListTextFoldsRunsAndCapsTheRest) {
+  using hvdkeras::RankListText;
+  CHECK_EQ(RankListText({}), std::string(""));
+  CHECK_EQ(RankListText({3}), std::string("3"));
+  CHECK_EQ(RankListText({0, 2}), std::string("0, 2"));
+  CHECK_EQ(RankListText({4, 5}), std::string("4, 5"));  // two in a row stay two
+  CHECK_EQ(RankListText({0, 2, 5, 6, 7, 8, 9}), std::string("0, 2, 5-9"));
+  CHECK_EQ(RankListText({1, 2, 3, 7, 8}), std::string("1-3, 7, 8"));
+  std::vector<int> all(16384);
+  for (int r = 0; r < 16384; ++r) all[r] = r;
+  CHECK_EQ(RankListText(all), std::string("0-16383"));
+  std::vector<int> evens;
+  for (int r = 0; r < 100; r += 2) evens.push_back(r);
+  CHECK_EQ(RankListText(evens, 3), std::string("0, 2, 4 and 47 more"));
+  const std::string uncapped = RankListText(evens, 0);
+  CHECK(uncapped.find("more") == std::string::npos);
+  CHECK_EQ(uncapped.substr(uncapped.size() - 8), std::string("94, 96, 98").substr(2));
+}
+
 }  // namespace

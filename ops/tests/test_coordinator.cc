@@ -1,6 +1,7 @@
 // Unit tests of the coordinator (core/coordinator.cc): readiness, join,
 // stalls and ready times, and ValidateRequests' mismatch messages.
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@ using hvdkeras::OpType;
 using hvdkeras::ReduceOp;
 using hvdkeras::Request;
 using hvdkeras::Response;
+using hvdkeras::Shape;
 using test_harness::Allreduce;
 using test_harness::Alltoall;
 using test_harness::Broadcast;
@@ -584,6 +586,49 @@ TEST(ValidateInvalidBroadcastRoot) {
   CHECK_EQ(Validate({Broadcast("b", 0, 1)}, 2, {false, true}),
            std::string("Cannot run broadcast of tensor 'b': its root rank 1 has already called "
                        "join()."));
+}
+
+// Note [one reference request per name]: a world of 16,384 ranks where
+// every rank sends the same allreduces and allgathers, one rank's rows
+// differing, and one rank sending a different shape. Checks the exact
+// answers; the time it takes is printed (a count, not an assertion).
+TEST(CoordinatorAtSixteenThousandRanksKeepsOneRequestPerName) {
+  constexpr int kRanks = 16384;
+  constexpr int kNames = 20;
+  hvdkeras::Coordinator c(kRanks);
+  const auto start = SteadyClock::now();
+  for (int r = 0; r < kRanks; ++r) {
+    for (int n = 0; n < kNames; ++n) c.Add(Allreduce("g" + std::to_string(n), r, {64, 3}), kT0);
+    c.Add(OfType(OpType::kAllgather, "rows", r, {r == 77 ? 5 : 2, 3}), kT0);
+    c.Add(Allreduce("bad", r, r == 9000 ? Shape{4} : Shape{2, 3}), kT0);
+  }
+  const double seconds_taken =
+      std::chrono::duration<double>(SteadyClock::now() - start).count();
+  std::printf("  %d ranks x %d names: %.3f s to add and answer\n", kRanks, kNames + 2,
+              seconds_taken);
+  const std::vector<Response> ready = c.TakeReady();
+  CHECK_EQ(ready.size(), size_t{kNames + 2});
+  CHECK_EQ(c.pending_count(), size_t{0});
+  for (const Response& r : ready) {
+    if (r.name == "rows") {
+      CHECK_EQ(r.kind, Response::Kind::kOk);
+      CHECK_EQ(r.sizes.size(), size_t{kRanks});
+      int64_t total = 0;
+      for (int64_t v : r.sizes) total += v;
+      CHECK_EQ(total, int64_t{2} * kRanks + 3);
+      CHECK_EQ(r.sizes[77], int64_t{5});
+      CHECK_EQ(r.agreed.rank, 0);
+    } else if (r.name == "bad") {
+      CHECK_EQ(r.kind, Response::Kind::kError);
+      CHECK_EQ(r.error, std::string("Mismatched shapes for allreduce of tensor 'bad' across "
+                                    "ranks: [2, 3] from ranks 0-8999, 9001-16383; [4] from rank "
+                                    "9000. Every rank must submit the same shapes under one "
+                                    "name."));
+    } else {
+      CHECK_EQ(r.kind, Response::Kind::kOk);
+      CHECK_EQ(r.agreed.shapes[0], (Shape{64, 3}));
+    }
+  }
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ using hvdkeras::Status;
 TEST(DefaultsDescribeEverySettingInTableOrder) {
   const std::string text = DescribeEngineSettings(EngineConfig());
   CHECK_EQ(text,
-           std::string("fusion_threshold=67108864\ncycle_time_ms=1\ncache_capacity=1024\n"
+           std::string("fusion_threshold=67108864\ncycle_time_ms=1\ncache_capacity=16384\n"
                        "stall_check_seconds=60\nstall_shutdown_seconds=1800\nliveness_seconds=60\n"
                        "timeline_path=\n"
                        "timeline_mark_cycles=0\nautotune=0\nautotune_log=\n"
@@ -37,7 +37,7 @@ TEST(ParsedValuesReplaceOnlyTheNamedSettings) {
   CHECK_EQ(config.timeline_path, std::string("/tmp/a b=c.json"));  // split at the first '='
   CHECK_EQ(config.autotune, true);
   CHECK_EQ(config.fusion_threshold, int64_t{0});
-  CHECK_EQ(config.cache_capacity, int64_t{1024});  // not named: default kept
+  CHECK_EQ(config.cache_capacity, int64_t{16384});  // not named: default kept
 }
 
 TEST(DescribeThenParseRoundTrips) {

@@ -16,6 +16,8 @@ import pytest
 import tensorflow as tf
 from mpi4py import MPI
 
+from hvdkeras.engine.agreement import describe_ranks
+
 # Known at collection time (before hvdkeras.init()), so tests can be
 # parametrized over the ranks: e.g. one test per broadcast root.
 WORLD_SIZE = MPI.COMM_WORLD.Get_size()
@@ -87,7 +89,7 @@ def assert_exact(got, expected: np.ndarray, what: str = "") -> None:
 
 
 def describe_by_rank(values: Sequence[str]) -> str:
-    """Per-rank values as coordinator.cc's DescribeByRank formats them.
+    """Per-rank values as request_validation.cc's DescribeByRank formats them.
 
     Ranks that sent the same value are grouped, in order of first appearance:
     "[2, 3] from ranks 0, 1; [3, 3] from rank 2".
@@ -96,7 +98,7 @@ def describe_by_rank(values: Sequence[str]) -> str:
     for rank, value in enumerate(values):
         groups.setdefault(value, []).append(rank)
     return "; ".join(
-        f"{value} from rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        f"{value} from rank{'s' if len(ranks) > 1 else ''} {describe_ranks(ranks)}"
         for value, ranks in groups.items()
     )
 

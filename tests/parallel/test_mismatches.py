@@ -4,7 +4,7 @@ Runs under mpiexec (see tests/test_collectives_mpi.py) with 2 and 3 ranks
 (skipped with 1). In each case the ranks submit something different under
 the same name, usually the last rank alone; the coordinator must fail the
 collective on EVERY rank with a FailedPreconditionError whose message names
-the tensor and what each rank sent (grouped as coordinator.cc formats it),
+the tensor and what each rank sent (grouped as request_validation.cc formats it),
 and the world must stay usable: the next allreduce and allgather succeed
 with the right values.
 """
