@@ -1,7 +1,19 @@
 """What the control plane costs at many ranks: start-up, the first step and the
-steady negotiation cycle, measured on real MPI processes beside raw MPI.
+steady negotiation cycle, measured on real MPI processes beside raw MPI, or
+simulated for many more ranks than this machine can start.
 
     python examples/control_plane_benchmark.py --real --ranks 64 --tensors 300 --json
+    python examples/control_plane_benchmark.py --simulate --ranks 16384 --tensors 300 --json
+
+--simulate runs the control plane's stand-in (ops/core/virtual_ranks.h):
+`--ranks` virtual ranks as threads of this one process, each running the
+real negotiation (coordinator, response cache, digests) over an in-memory
+transport, with some ranks a cycle late (`--stragglers`) and each rank
+submitting in its own order. It prints rank 0's CPU time in the negotiation
+(first step, steady cycle), the bytes rank 0 receives, its counted peak
+memory for the negotiation, the liveness sockets the tree plan gives rank 0,
+and the wall time the exchanges would add on a link of `--latency-us` and
+`--gbps` (by default both measured here with raw mpi4py between 2 ranks).
 
 starts `--ranks` framework-free MPI processes (the engine library through
 ctypes, NumPy buffers; no Keras, TensorFlow, JAX or torch, so about 60 MiB
@@ -18,7 +30,8 @@ It prints (one JSON object with `--json`):
     topology, shared memory and liveness set-up) and first_collective_s;
   first_step_rank0_cpu_s / first_step_s: the CPU time of rank 0's engine
     (its threads other than Python's) and the wall time of the negotiated
-    first step;
+    first step; first_step_rank0_bytes_in: the requests' bytes rank 0
+    received for it (digests, and the requests it lacked in full);
   steady_cycle_us / steady_cycle_rank0_cpu_us: wall time and rank 0's
     engine CPU time per negotiation cycle over the steady steps (the wall
     time includes Python submitting the requests one by one);
@@ -51,6 +64,7 @@ from pathlib import Path
 from typing import Dict, List
 
 RANK_FLAG = "--rank-program"
+LINK_FLAG = "--link-program"
 LAUNCHED_AT = "HVDKERAS_BENCH_LAUNCHED_AT"
 
 
@@ -113,11 +127,13 @@ def _rank_program(tensors: int, steps: int) -> None:
                "startup_s": first_done - launched}
 
     comm.Barrier()
+    stats0 = c_api.negotiation_stats(lib)
     cpu0, wall0 = engine_cpu(), time.perf_counter()
     step("grad")  # new names: negotiated at rank 0
     first_cpu, first_wall = engine_cpu() - cpu0, time.perf_counter() - wall0
     first_wall = comm.allreduce(first_wall, op=MPI.MAX)
     before = c_api.negotiation_stats(lib)
+    first_bytes_in = before[4] - stats0[4]
     comm.Barrier()
     cpu0, wall0 = engine_cpu(), time.perf_counter()
     marks = [step("grad") for _ in range(steps)]
@@ -134,8 +150,10 @@ def _rank_program(tensors: int, steps: int) -> None:
     cycles, cached, negotiated = (after[i] - before[i] for i in range(3))
     cycles = max(comm.allreduce(cycles, op=MPI.MAX), 1)
 
-    # The floor: the same cycles' collectives through mpi4py alone.
-    words = 1 + 2 * ((tensors + 2 + 63) // 64)
+    # The floor: the same cycles' collectives through mpi4py alone. The
+    # engine's vector: a status word, then hit and valid bits for each cache
+    # entry (the step's tensors and "startup").
+    words = 1 + 2 * ((tensors + 1 + 63) // 64)
     bits = np.full(words, ~np.uint64(0), np.uint64)
     data = np.full(tensors, rank + 1, np.float32)
     comm.Barrier()
@@ -163,6 +181,7 @@ def _rank_program(tensors: int, steps: int) -> None:
             **{k: round(v, 4) for k, v in started.items()},
             "first_step_s": round(first_wall, 4),
             "first_step_rank0_cpu_s": round(first_cpu, 4),
+            "first_step_rank0_bytes_in": int(first_bytes_in),
             "steady_cycles_per_step": round(cycles / steps, 2),
             "steady_cycle_us": round(steady_wall / cycles * 1e6, 1),
             "steady_cycle_rank0_cpu_us": round(steady_cpu / cycles * 1e6, 1),
@@ -193,25 +212,106 @@ def run_real(ranks: int, tensors: int, steps: int, extra_env: Dict[str, str],
     return result
 
 
+def _link_program() -> None:
+    """Two ranks' ping-pong: rank 0 prints the latency and bandwidth seen."""
+    from mpi4py import MPI
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    peer = 1 - comm.Get_rank()
+    result = {}
+    for label, nbytes, reps in (("latency_s", 8, 2000), ("big_s", 4 << 20, 20)):
+        buf = np.zeros(nbytes, np.uint8)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            if comm.Get_rank() == 0:
+                comm.Send(buf, dest=peer)
+                comm.Recv(buf, source=peer)
+            else:
+                comm.Recv(buf, source=peer)
+                comm.Send(buf, dest=peer)
+        result[label] = (time.perf_counter() - t0) / (2 * reps)
+    if comm.Get_rank() == 0:
+        print(json.dumps({"latency_s": result["latency_s"],
+                          "bytes_per_s": (4 << 20) / max(result["big_s"] - result["latency_s"],
+                                                         1e-9)}), flush=True)
+
+
+def measure_link(timeout: float = 120.0):
+    """The link's constants on this machine, from raw mpi4py between 2 ranks."""
+    from hvdkeras.engine.control_plane_model import Link
+
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    done = subprocess.run([str(mpiexec), "-n", "2", sys.executable, __file__, LINK_FLAG],
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"measuring the link failed (exit {done.returncode}):\n"
+                           f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    measured = json.loads(lines[-1])
+    return Link(measured["latency_s"], measured["bytes_per_s"],
+                "measured here: raw mpi4py ping-pong between 2 ranks")
+
+
+def run_simulated(ranks: int, tensors: int, steps: int, stragglers: int, allgathers: int,
+                  cache_capacity: int, ranks_per_host: int, link) -> dict:
+    """Runs the stand-in and returns its figures (control_plane_model.summarize)."""
+    from hvdkeras.engine import c_api, library
+    from hvdkeras.engine.control_plane_model import summarize
+
+    report = c_api.virtual_job(library.engine_handle(), ranks, tensors, steps=steps + 1,
+                               allgathers=allgathers, stragglers=stragglers,
+                               cache_capacity=cache_capacity, ranks_per_host=ranks_per_host)
+    if report["error"]:
+        raise RuntimeError(f"the simulated job failed: {report['error']}")
+    return summarize(report, ranks, tensors, link)
+
+
 def main(argv: List[str]) -> int:
     if argv[:1] == [RANK_FLAG]:
         _rank_program(int(argv[1]), int(argv[2]))
         return 0
+    if argv[:1] == [LINK_FLAG]:
+        _link_program()
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--real", action="store_true", required=True,
-                        help="start real MPI processes on this machine")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--real", action="store_true",
+                      help="start real MPI processes on this machine")
+    mode.add_argument("--simulate", action="store_true",
+                      help="run the stand-in: virtual ranks as threads of this process")
     parser.add_argument("--ranks", type=int, default=16)
     parser.add_argument("--tensors", type=int, default=300)
     parser.add_argument("--steps", type=int, default=5, help="steady steps after the first")
     parser.add_argument("--cache-capacity", type=int, help="HVDKERAS_CACHE_CAPACITY")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true", help="one JSON line")
+    simulated = parser.add_argument_group("--simulate only")
+    simulated.add_argument("--stragglers", type=int, default=0,
+                           help="ranks that submit each step one cycle late")
+    simulated.add_argument("--allgathers", type=int, default=0,
+                           help="of the tensors, how many are allgathers with per-rank rows")
+    simulated.add_argument("--ranks-per-host", type=int, default=8)
+    simulated.add_argument("--latency-us", type=float, help="the link's latency (default: measured)")
+    simulated.add_argument("--gbps", type=float, help="the link's bandwidth (default: measured)")
     args = parser.parse_args(argv)
-    extra = {}
-    if args.cache_capacity is not None:
-        extra["HVDKERAS_CACHE_CAPACITY"] = str(args.cache_capacity)
-    result = run_real(args.ranks, args.tensors, args.steps, extra, args.timeout)
-    result.pop("stderr")
+    if args.simulate:
+        from hvdkeras.engine.control_plane_model import Link
+
+        if args.latency_us is not None and args.gbps is not None:
+            link = Link(args.latency_us * 1e-6, args.gbps * 1e9 / 8, "given")
+        else:
+            link = measure_link()
+        result = run_simulated(args.ranks, args.tensors, args.steps, args.stragglers,
+                               args.allgathers, 16384 if args.cache_capacity is None
+                               else args.cache_capacity, args.ranks_per_host, link)
+    else:
+        extra = {}
+        if args.cache_capacity is not None:
+            extra["HVDKERAS_CACHE_CAPACITY"] = str(args.cache_capacity)
+        result = run_real(args.ranks, args.tensors, args.steps, extra, args.timeout)
+        result.pop("stderr")
     if args.json:
         print(json.dumps(result))
     else:

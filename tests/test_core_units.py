@@ -29,7 +29,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "burst_memory": ("burst_memory",),
     "common": ("common",),
     "device_packing": ("device_packing",),
-    "coordinator": ("coordinator", "request_validation", "message", "common"),
+    "coordinator": ("coordinator", "request_validation", "request_digest", "message", "common"),
     "engine_settings": ("engine_settings",),
     "fusion_planner": ("fusion_planner", "common"),
     "half": (),
@@ -42,6 +42,11 @@ UNITS: Dict[str, Tuple[str, ...]] = {
     "ring_plan": ("ring_plan",),
     "scaling": ("scaling", "common"),
     "submission_queue": ("submission_queue", "message", "common"),
+    "request_digest": ("request_digest", "message", "common"),
+    "virtual_ranks": ("virtual_ranks", "negotiation", "negotiation_requests", "coordinator",
+                      "request_validation",
+                      "request_digest", "response_cache", "message", "common", "scaling",
+                      "timeline", "liveness_rules"),
 }
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 from typing import Any, Dict, Sequence
 
 ERROR_CAPACITY = 1024
@@ -52,6 +53,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hvdkeras_liveness_sockets.restype = ctypes.c_int
     lib.hvdkeras_allreduce_path.argtypes = []
     lib.hvdkeras_allreduce_path.restype = ctypes.c_char_p
+    lib.hvdkeras_virtual_job.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+                                         ctypes.c_char_p, ctypes.c_int64]
+    lib.hvdkeras_virtual_job.restype = ctypes.c_int64
     # The TensorFlow binding's own entry points: absent from the engine library alone.
     for name in ("hvdkeras_xla_calls_built", "hvdkeras_xla_gpu_calls_built"):
         if hasattr(lib, name):
@@ -255,10 +259,29 @@ def engine_stats(lib: ctypes.CDLL) -> tuple[list, list]:
 
 
 def negotiation_stats(lib: ctypes.CDLL) -> list:
-    """[cycles, ops from the response cache, ops through rank 0, evictions] since init()."""
-    counts = (ctypes.c_int64 * 4)()
+    """[cycles, ops from the response cache, ops through rank 0, evictions, bytes of
+    requests rank 0 received] since init()."""
+    counts = (ctypes.c_int64 * 5)()
     lib.hvdkeras_negotiation_stats(counts)
     return list(counts)
+
+
+def virtual_job(lib: ctypes.CDLL, ranks: int, tensors: int, steps: int = 3,
+                allgathers: int = 0, shuffled: bool = True, stragglers: int = 0,
+                cache_capacity: int = 16384, seed: int = 1, ranks_per_host: int = 8,
+                with_order: bool = False) -> dict:
+    """Runs the control plane's stand-in (ops/core/virtual_ranks.h): `ranks`
+    virtual ranks in this process, each running the real negotiation. Needs
+    no MPI and no running engine; returns its report as a dict."""
+    params = (ctypes.c_int64 * 9)(ranks, tensors, steps, allgathers, int(shuffled), stragglers,
+                                  cache_capacity, seed, ranks_per_host)
+    capacity = (1 << 16) + (steps * tensors * 48 if with_order else 0) + steps * 4096
+    while True:
+        out = ctypes.create_string_buffer(capacity)
+        needed = lib.hvdkeras_virtual_job(params, int(with_order), out, capacity)
+        if needed < capacity:
+            return json.loads(out.value.decode())
+        capacity = needed + 1  # cut: run it again with room for all of it
 
 
 def liveness_sockets(lib: ctypes.CDLL) -> int:

@@ -101,6 +101,8 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
+bool FirstDimMayDiffer(OpType op) { return op == OpType::kAllgather || op == OpType::kAlltoall; }
+
 std::string ShapeString(const Shape& shape) {
   std::ostringstream out;
   out << "[";

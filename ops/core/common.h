@@ -74,6 +74,8 @@ bool IsFloatingPoint(DataType dtype);
 // Whether allreduce and reducescatter accept the type (the others move any).
 bool IsReducible(DataType dtype);
 
+// Allgather and alltoall: each rank may send its own first dimension.
+bool FirstDimMayDiffer(OpType op);
 int64_t NumElements(const Shape& shape);
 std::string ShapeString(const Shape& shape);
 // Ranks in words for messages: "0, 2, 5-9" for {0, 2, 5, 6, 7, 8, 9} (runs of

@@ -1,9 +1,10 @@
 #include "core/coordinator.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 #include <sstream>
+
+#include "core/request_digest.h"
 
 namespace hvdkeras {
 
@@ -16,62 +17,50 @@ bool Coordinator::IsReady(const Entry& entry) const {
   return entry.received > 0 && entry.received + joined_count_ - entry.joined_seen == size_;
 }
 
-namespace {
-
-bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-
-// Whether `r` matches `reference` in everything but the sending rank, its
-// age and the per-rank numbers an entry keeps apart (Note [one reference
-// request per name]). Stricter than ValidateRequests (bitwise scales), so a
-// request this calls the same can never change what validation says.
-bool SameButPerRankNumbers(const Request& r, const Request& reference) {
-  if (r.op_type != reference.op_type || r.reduce_op != reference.reduce_op ||
-      !SameBits(r.prescale, reference.prescale) || !SameBits(r.postscale, reference.postscale) ||
-      r.root_rank != reference.root_rank || r.device != reference.device ||
-      r.dtypes != reference.dtypes || r.shapes.size() != reference.shapes.size()) {
-    return false;
-  }
-  const bool per_rank_rows = FirstDimMayDiffer(r.op_type);
-  for (size_t t = 0; t < r.shapes.size(); ++t) {
-    const Shape& a = r.shapes[t];
-    const Shape& b = reference.shapes[t];
-    if (a.size() != b.size()) return false;
-    const size_t from = per_rank_rows && !a.empty() ? 1 : 0;
-    if (!std::equal(a.begin() + from, a.end(), b.begin() + from)) return false;
-  }
-  return r.op_type == OpType::kAlltoall ? r.splits.size() == reference.splits.size()
-                                        : r.splits == reference.splits;
+void Coordinator::CountBytes(Entry& entry, int64_t more) {
+  entry.bytes += more;
+  table_bytes_ += more;
+  peak_table_bytes_ = std::max(peak_table_bytes_, table_bytes_);
 }
 
-}  // namespace
-
-void Coordinator::Record(Entry& entry, const Request& request) {
-  const int rank = request.rank;
+void Coordinator::Record(Entry& entry, const Request& signature, uint64_t hash, int rank,
+                         double age_seconds, const int64_t* numbers, size_t count) {
   if (entry.received == 0) {
-    entry.reference = request;
-    entry.tensors = static_cast<int>(request.shapes.size());
-    if (FirstDimMayDiffer(request.op_type)) {
+    entry.reference = signature;
+    entry.reference_hash = hash;
+    index_[hash] = &entry;
+    entry.tensors = static_cast<int>(signature.shapes.size());
+    if (FirstDimMayDiffer(signature.op_type)) {
       entry.first_dims.assign(static_cast<size_t>(size_) * entry.tensors, 0);
     }
-    if (request.op_type == OpType::kAlltoall) {
-      entry.splits.assign(static_cast<size_t>(size_) * request.splits.size(), 0);
+    if (signature.op_type == OpType::kAlltoall) {
+      entry.splits.assign(static_cast<size_t>(size_) * signature.splits.size(), 0);
     }
+    CountBytes(entry, static_cast<int64_t>(
+                          sizeof(Entry) + entry.reference.name.size() + entry.seen.size() / 8 +
+                          entry.submitted_at.size() * sizeof(SteadyClock::time_point) +
+                          (entry.first_dims.size() + entry.splits.size()) * 8));
   }
   entry.odd.erase(rank);
-  if (!SameButPerRankNumbers(request, entry.reference)) {
-    entry.odd[rank] = request;  // validation will say what differs
+  if (hash != entry.reference_hash) {
+    // Differs in more than its own numbers: kept whole; validation will
+    // say what differs.
+    if (entry.odd_signatures.emplace(hash, signature).second) index_[hash] = &entry;
+    entry.odd[rank] = WithPerRankNumbers(signature, rank, age_seconds, numbers, count);
+    CountBytes(entry, static_cast<int64_t>(sizeof(Request) + 64));
     return;
   }
+  size_t i = 0;
   if (!entry.first_dims.empty()) {
-    for (int t = 0; t < entry.tensors; ++t) {
-      const Shape& shape = request.shapes[t];
-      entry.first_dims[static_cast<size_t>(rank) * entry.tensors + t] =
-          shape.empty() ? 0 : shape[0];
+    for (int t = 0; t < entry.tensors && i < count; ++t, ++i) {
+      entry.first_dims[static_cast<size_t>(rank) * entry.tensors + t] = numbers[i];
     }
   }
   if (!entry.splits.empty()) {
-    std::copy(request.splits.begin(), request.splits.end(),
-              entry.splits.begin() + static_cast<size_t>(rank) * request.splits.size());
+    const size_t n = entry.reference.splits.size();
+    for (size_t k = 0; k < n && i < count; ++k, ++i) {
+      entry.splits[static_cast<size_t>(rank) * n + k] = numbers[i];
+    }
   }
 }
 
@@ -142,8 +131,32 @@ Response Coordinator::BuildResponse(const Entry& entry) const {
 }
 
 void Coordinator::Add(const Request& request, SteadyClock::time_point now) {
+  std::vector<int64_t> numbers;
+  AppendPerRankNumbers(request, &numbers);
   if (request.rank < 0 || request.rank >= size_) return;  // not from this world
-  Entry& entry = table_[request.name];
+  AddSigned(table_[request.name], request, SignatureHash(request), request.rank,
+            request.age_seconds, numbers.data(), numbers.size(), now);
+}
+
+const Request& Coordinator::Signature(uint64_t hash) const {
+  const Entry& entry = *index_.at(hash);
+  return hash == entry.reference_hash ? entry.reference : entry.odd_signatures.at(hash);
+}
+
+void Coordinator::AddKnown(uint64_t hash, int rank, double age_seconds, const int64_t* numbers,
+                           size_t count, SteadyClock::time_point now) {
+  if (rank < 0 || rank >= size_) return;  // not from this world
+  Entry& entry = *index_.at(hash);
+  const Request& signature =
+      hash == entry.reference_hash ? entry.reference : entry.odd_signatures.at(hash);
+  AddSigned(entry, signature, hash, rank, age_seconds, numbers, count, now);
+}
+
+void Coordinator::AddSigned(Entry& entry, const Request& signature, uint64_t hash, int rank,
+                            double age_seconds, const int64_t* numbers, size_t count,
+                            SteadyClock::time_point now) {
+  // Read before the entry changes: `signature` may be the entry's own.
+  const OpType op_type = signature.op_type;
   if (entry.seen.empty()) {
     entry.seen.assign(size_, false);
     entry.submitted_at.resize(size_);
@@ -152,29 +165,39 @@ void Coordinator::Add(const Request& request, SteadyClock::time_point now) {
   }
   const auto submitted_at =
       now - std::chrono::duration_cast<SteadyClock::duration>(
-                std::chrono::duration<double>(request.age_seconds));
+                std::chrono::duration<double>(age_seconds));
   entry.first_seen = std::min(entry.first_seen, submitted_at);
-  entry.submitted_at[request.rank] = submitted_at;
-  last_request_[request.rank] = std::max(last_request_[request.rank], now);
-  Record(entry, request);
-  if (!entry.seen[request.rank]) {
+  entry.submitted_at[rank] = submitted_at;
+  last_request_[rank] = std::max(last_request_[rank], now);
+  Record(entry, signature, hash, rank, age_seconds, numbers, count);
+  if (!entry.seen[rank]) {
     ++entry.received;
-    if (joined_[request.rank]) ++entry.joined_seen;
-    if (entry.lowest_rank < 0 || request.rank < entry.lowest_rank) entry.lowest_rank = request.rank;
+    if (joined_[rank]) ++entry.joined_seen;
+    if (entry.lowest_rank < 0 || rank < entry.lowest_rank) entry.lowest_rank = rank;
   }
-  entry.seen[request.rank] = true;
-  if (request.op_type == OpType::kJoin) {
-    Join(request.rank);  // may complete other names as well
+  entry.seen[rank] = true;
+  if (op_type == OpType::kJoin) {
+    Join(rank);  // may complete other names as well
   } else if (IsReady(entry)) {
-    Complete(request.name);
+    Complete(entry.reference.name);
   }
 }
 
-void Coordinator::Complete(const std::string& name) {
+void Coordinator::Erase(const std::string& name) {
+  auto it = table_.find(name);
+  if (it == table_.end()) return;
+  index_.erase(it->second.reference_hash);
+  for (const auto& [hash, request] : it->second.odd_signatures) index_.erase(hash);
+  table_bytes_ -= it->second.bytes;
+  table_.erase(it);
+}
+
+void Coordinator::Complete(const std::string& entry_name) {
+  const std::string name = entry_name;  // it may be the entry's own, which goes below
   const Entry& entry = table_[name];
   ready_.push_back(BuildResponse(entry));
   pending_times_[name] = entry.submitted_at;
-  table_.erase(name);
+  Erase(name);
 }
 
 void Coordinator::Join(int rank) {
@@ -333,7 +356,7 @@ void Coordinator::FailStalled(SteadyClock::time_point now, double seconds) {
               << ". Every rank must call join() once it has no more collectives to run.";
       response.error = message.str();
       ready_.push_back(std::move(response));
-      table_.erase(stall.name);
+      Erase(stall.name);
       ForgetJoins();
       continue;
     }
@@ -345,7 +368,7 @@ void Coordinator::FailStalled(SteadyClock::time_point now, double seconds) {
                "steps).";
     response.error = message.str();
     ready_.push_back(std::move(response));
-    table_.erase(stall.name);
+    Erase(stall.name);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <map>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,15 @@ class Coordinator {
   // sent it or joined; ready names queue up in the order they became ready.
   void Add(const Request& request, SteadyClock::time_point now = SteadyClock::now());
 
+  // Note [requests by signature hash] (request_digest.h): whether a pending
+  // name holds a request with this signature hash, and, when it does, adding
+  // rank `rank`'s request from its digest alone (its age and own numbers).
+  bool Known(uint64_t hash) const { return index_.count(hash) > 0; }
+  // The full request behind a known hash (valid until the next Add).
+  const Request& Signature(uint64_t hash) const;
+  void AddKnown(uint64_t hash, int rank, double age_seconds, const int64_t* numbers,
+                size_t count, SteadyClock::time_point now = SteadyClock::now());
+
   // Responses for names that became ready since the last call, in order.
   std::vector<Response> TakeReady();
   // When each rank submitted the names returned by the last TakeReady()
@@ -53,6 +63,10 @@ class Coordinator {
 
   bool any_joined() const { return joined_count_ > 0; }
   size_t pending_count() const { return table_.size(); }
+  // The bytes the pending names' tables hold (counted from their sizes, not
+  // measured from the allocator): what grows with the rank count here.
+  int64_t TableBytes() const { return table_bytes_; }
+  int64_t PeakTableBytes() const { return peak_table_bytes_; }
 
   // Names waiting longer than `seconds` for some rank. Each name is
   // reported once per call that finds it over the limit and not reported
@@ -85,7 +99,9 @@ class Coordinator {
   // (BuildResponse); the unit test at 16,384 ranks checks the answers.
   struct Entry {
     Request reference;  // the first to arrive; its rank field is not meaningful
+    uint64_t reference_hash = 0;
     std::map<int, Request> odd;
+    std::map<uint64_t, Request> odd_signatures;  // one request per odd hash
     int tensors = 0;                 // the reference's tensor count
     std::vector<int64_t> first_dims;  // allgather, alltoall: [rank * tensors + t]
     std::vector<int64_t> splits;      // alltoall: [rank * size + destination]
@@ -97,11 +113,20 @@ class Coordinator {
     SteadyClock::time_point first_seen;
     uint64_t sequence = 0;
     bool warned = false;
+    int64_t bytes = 0;  // what TableBytes counts for it
   };
 
   // The request rank `rank` sent for the entry (it must have sent one).
   Request Sent(const Entry& entry, int rank) const;
-  void Record(Entry& entry, const Request& request);
+  // Adds a request to the entry for `signature.name`, from its signature and
+  // the rank's own numbers.
+  void AddSigned(Entry& entry, const Request& signature, uint64_t hash, int rank,
+                 double age_seconds, const int64_t* numbers, size_t count,
+                 SteadyClock::time_point now);
+  void Record(Entry& entry, const Request& signature, uint64_t hash, int rank, double age_seconds,
+              const int64_t* numbers, size_t count);
+  void Erase(const std::string& name);
+  void CountBytes(Entry& entry, int64_t more);
   bool IsReady(const Entry& entry) const;
   bool Stalled(const Entry& entry, SteadyClock::time_point now, double seconds) const;
   // The names `rank` has waiting here, other than `except`, oldest first.
@@ -114,6 +139,8 @@ class Coordinator {
 
   int size_;
   std::map<std::string, Entry> table_;
+  std::unordered_map<uint64_t, Entry*> index_;  // signature hash -> its pending entry
+  int64_t table_bytes_ = 0, peak_table_bytes_ = 0;
   // When each rank last sent a request, or when this coordinator started (a
   // join waits only while the ranks that have not joined keep submitting).
   std::vector<SteadyClock::time_point> last_request_;

@@ -116,7 +116,7 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   stat_execute_seconds_ = 0.0;
   stat_wait_seconds_ = 0.0;
   pending_.TakeAll();
-  negotiator_.Reset(&mpi_, config);
+  negotiator_.Reset(&negotiation_transport_, config);
   tuning_.Start(mpi_.rank(), config);
   shutdown_agreed_ = false;
   queue_.Open(mpi_.rank(), config.timeline_path, config.timeline_mark_cycles);
@@ -230,6 +230,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   stat_cached_ops_ = counts.cached_ops;
   stat_negotiated_ops_ = counts.negotiated_ops;
   stat_evictions_ = counts.evictions;
+  stat_requests_bytes_ = counts.requests_bytes;
   if (waiting) {
     stat_wait_seconds_ = stat_wait_seconds_.load() +
                          std::chrono::duration<double>(negotiated - now).count();

@@ -33,6 +33,7 @@
 #include "core/executor.h"
 #include "core/mpi_context.h"
 #include "core/negotiation.h"
+#include "core/negotiation_transport_mpi.h"
 #include "core/pending_op.h"
 #include "core/burst_memory.h"
 #include "core/submission_queue.h"
@@ -110,11 +111,12 @@ class Engine {
   // The negotiation's totals since Start: [0] cycles, [1] ops agreed from
   // the response cache, [2] ops agreed through rank 0, [3] cache evictions.
   // Any thread.
-  void NegotiationStats(int64_t counts[4]) const {
+  void NegotiationStats(int64_t counts[5]) const {
     counts[0] = stat_cycles_.load();
     counts[1] = stat_cached_ops_.load();
     counts[2] = stat_negotiated_ops_.load();
     counts[3] = stat_evictions_.load();
+    counts[4] = stat_requests_bytes_.load();
   }
 
   // "shm", "hierarchical" or "mpi": how large CPU allreduces go, chosen at
@@ -152,6 +154,7 @@ class Engine {
   MpiContext mpi_;
   std::thread thread_;
   PendingOps pending_;
+  MpiNegotiationTransport negotiation_transport_{&mpi_};
   Negotiator negotiator_;
   Executor executor_;
   Tuning tuning_;
@@ -178,6 +181,7 @@ class Engine {
   std::atomic<int64_t> stat_cached_ops_{0};
   std::atomic<int64_t> stat_negotiated_ops_{0};
   std::atomic<int64_t> stat_evictions_{0};
+  std::atomic<int64_t> stat_requests_bytes_{0};
 };
 
 }  // namespace hvdkeras

@@ -10,7 +10,6 @@
 #include <string>
 #include <thread>
 
-#include "core/negotiation_wait.h"
 #include "core/scaling.h"
 
 namespace hvdkeras {
@@ -46,12 +45,12 @@ bool BitSet(const std::vector<uint64_t>& bits, size_t word, size_t bit) {
 
 }  // namespace
 
-void Negotiator::Reset(const MpiContext* mpi, const EngineConfig& config) {
-  mpi_ = mpi;
+void Negotiator::Reset(NegotiationTransport* transport, const EngineConfig& config) {
+  transport_ = transport;
   stall_check_seconds_ = config.stall_check_seconds;
   stall_shutdown_seconds_ = config.stall_shutdown_seconds;
   cache_ = ResponseCache(static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)));
-  coordinator_.reset(mpi->rank() == 0 ? new Coordinator(mpi->size()) : nullptr);
+  coordinator_.reset(transport->rank() == 0 ? new Coordinator(transport->size()) : nullptr);
   invalid_slots_.clear();
   stand_ins_.clear();
   joined_ = false;
@@ -92,16 +91,8 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
   for (uint64_t slot : invalid_slots_) {
     bits[valid + slot / 64] &= ~(uint64_t{1} << (slot % 64));
   }
-  ReapAbandoned();
-  MPI_Request request;
-  MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(bits.size()), MPI_UINT64_T, MPI_BAND,
-                 mpi_->comm(), &request);
-  agreement.error = WaitPolitely(&request, signals.health);
-  if (!agreement.error.ok()) {
-    // Note [an abandoned negotiation keeps its buffer]
-    if (request != MPI_REQUEST_NULL) Abandon(request, std::move(bits));
-    return agreement;
-  }
+  agreement.error = transport_->AllreduceAnd(&bits, signals.health);
+  if (!agreement.error.ok()) return agreement;
   if (!(bits[0] & kNoDeviceFailure)) {
     // Every rank saw the bit, so every rank makes this exchange.
     agreement.device_failure = GatherDeviceFailures(signals.device_failure);
@@ -171,7 +162,7 @@ void Negotiator::CountCycle(const Agreement& agreement) {
   counts_.cached_ops += static_cast<int64_t>(agreement.cached_count);
   counts_.negotiated_ops += static_cast<int64_t>(agreement.ready.size() - agreement.cached_count);
   const int64_t evictions = static_cast<int64_t>(cache_.evictions());
-  if (evictions > 0 && counts_.evictions == 0 && mpi_->rank() == 0) {
+  if (evictions > 0 && counts_.evictions == 0 && transport_->rank() == 0) {
     // Every rank's cache evicts the same entries (Note [identical response
     // caches]), so one rank says it.
     std::fprintf(stderr,
@@ -186,24 +177,25 @@ void Negotiator::CountCycle(const Agreement& agreement) {
 }
 
 std::string Negotiator::GatherDeviceFailures(const std::string& mine) {
-  std::string record = mine.substr(0, kFailureRecordBytes - 1);
+  std::vector<char> record(mine.begin(), mine.begin() + std::min<size_t>(mine.size(),
+                                                                        kFailureRecordBytes - 1));
   record.resize(kFailureRecordBytes, '\0');
-  const int size = mpi_->size();
-  std::vector<char> all(static_cast<size_t>(kFailureRecordBytes) * size);
-  if (MPI_Allgather(record.data(), kFailureRecordBytes, MPI_CHAR, all.data(),
-                    kFailureRecordBytes, MPI_CHAR, mpi_->comm()) != MPI_SUCCESS) {
+  const int size = transport_->size();
+  std::vector<char> all;
+  if (!transport_->Allgather(record, &all).ok()) {
     return "a GPU collective failed on some rank (their reasons could not be gathered)";
   }
-  std::string ranks, reasons;
-  int failed = 0;
+  std::vector<int> failed;
+  std::string reasons;
   for (int r = 0; r < size; ++r) {
     const char* text = all.data() + static_cast<size_t>(r) * kFailureRecordBytes;
     const size_t length = strnlen(text, kFailureRecordBytes);
     if (length == 0) continue;
-    ranks += (failed++ ? ", " : "") + std::to_string(r);
+    failed.push_back(r);
     reasons += "; rank " + std::to_string(r) + ": " + std::string(text, length);
   }
-  return "a GPU collective failed on rank" + std::string(failed > 1 ? "s " : " ") + ranks +
+  const std::string ranks = RankListText(failed);
+  return "a GPU collective failed on rank" + std::string(failed.size() > 1 ? "s " : " ") + ranks +
          ", whose GPU communicator then fell out of step with the others', so every rank "
          "stopped and aborted its own" + reasons;
 }
@@ -243,32 +235,9 @@ void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
     op->request.age_seconds = std::chrono::duration<double>(now - op->enqueued).count();
     mine.push_back(op->request);
   }
-  const std::string encoded = EncodeRequests(mine);
-  const int size = mpi_->size();
-  const bool root = mpi_->rank() == 0;
-  int my_bytes = static_cast<int>(encoded.size());
-  std::vector<int> counts(root ? size : 0);
-  MPI_Gather(&my_bytes, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, mpi_->comm());
-  std::vector<int> displs(counts.size(), 0);
-  std::vector<char> gathered;
-  if (root) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) {
-      displs[r] = total;
-      total += counts[r];
-    }
-    gathered.resize(std::max(total, 1));
-  }
-  MPI_Gatherv(encoded.data(), my_bytes, MPI_BYTE, gathered.data(), counts.data(), displs.data(),
-              MPI_BYTE, 0, mpi_->comm());
-
+  SendRequests(mine, now);
   std::string reply;
   if (coordinator_) {
-    for (int r = 0; r < size; ++r) {
-      std::vector<Request> requests;
-      DecodeRequests(gathered.data() + displs[r], counts[r], &requests);
-      for (const Request& q : requests) coordinator_->Add(q, now);
-    }
     // Note [stall shutdown after the cycle's requests]
     // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     // Stalled names fail only after this cycle's requests were added. Failed
@@ -281,10 +250,7 @@ void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
     stall_due_ = false;
     reply = EncodeResponses(coordinator_->TakeReady());
   }
-  int reply_bytes = static_cast<int>(reply.size());
-  MPI_Bcast(&reply_bytes, 1, MPI_INT, 0, mpi_->comm());
-  reply.resize(reply_bytes);
-  MPI_Bcast(reply.data(), reply_bytes, MPI_BYTE, 0, mpi_->comm());
+  transport_->BroadcastFromRoot(&reply);
 
   std::vector<Response> responses;
   DecodeResponses(reply.data(), reply.size(), &responses);
@@ -299,6 +265,17 @@ void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
       continue;
     }
     if (response.agreed.op_type == OpType::kJoin) joined_ = false;
+    if (op && !AgreesWith(op->request, response.agreed)) {
+      // Only a collision of signature hashes gets here (Note [requests by
+      // signature hash]): end this engine loudly rather than run a
+      // collective the others run with other shapes.
+      agreement->error = Status::Error(
+          StatusCode::kUnknown, "internal error: rank " + std::to_string(transport_->rank()) +
+                                    " was told collective '" + response.name +
+                                    "' was agreed as something other than it submitted "
+                                    "(a collision of request hashes)");
+      return;
+    }
     if (!op && joined_anywhere) op = StandIn(response);
     if (!op) {
       // Every rank sent a request for the name, so every rank holds the op
@@ -306,7 +283,7 @@ void Negotiator::SlowPath(const PendingOps& pending, bool joined_anywhere,
       // did, the others would wait in the collective for this rank, so end
       // this engine loudly instead (the others' watchdogs end the job).
       agreement->error = Status::Error(
-          StatusCode::kUnknown, "internal error: rank " + std::to_string(mpi_->rank()) +
+          StatusCode::kUnknown, "internal error: rank " + std::to_string(transport_->rank()) +
                                     " was told that collective '" + response.name +
                                     "' is ready, but has no such collective in flight");
       return;
@@ -322,7 +299,7 @@ PendingOp* Negotiator::StandIn(const Response& response) {
   // the result.
   auto op = std::make_unique<PendingOp>();
   op->request = response.agreed;
-  op->request.rank = mpi_->rank();
+  op->request.rank = transport_->rank();
   const OpType type = response.agreed.op_type;
   for (size_t t = 0; t < response.agreed.shapes.size(); ++t) {
     TensorRef ref;
@@ -346,7 +323,7 @@ PendingOp* Negotiator::StandIn(const Response& response) {
     };
     op->tensors.push_back(std::move(ref));
   }
-  if (type == OpType::kAlltoall) op->request.splits.assign(mpi_->size(), 0);
+  if (type == OpType::kAlltoall) op->request.splits.assign(transport_->size(), 0);
   stand_ins_.push_back(std::move(op));
   return stand_ins_.back().get();
 }
@@ -357,17 +334,14 @@ void Negotiator::RecordTimeline(const Agreement& agreement, Timeline* timeline) 
   // negotiated ops, from one gather of wait times for cached ones.
   const std::vector<PendingOp*>& ready = agreement.ready;
   const size_t cached_count = agreement.cached_count;
-  const int size = mpi_->size();
+  const int size = transport_->size();
   const auto now = Clock::now();
   std::vector<double> ages(cached_count);
   for (size_t i = 0; i < cached_count; ++i) {
     ages[i] = std::chrono::duration<double>(now - ready[i]->enqueued).count();
   }
-  std::vector<double> all_ages(mpi_->rank() == 0 ? cached_count * size : 0);
-  if (cached_count > 0) {
-    MPI_Gather(ages.data(), static_cast<int>(cached_count), MPI_DOUBLE, all_ages.data(),
-               static_cast<int>(cached_count), MPI_DOUBLE, 0, mpi_->comm());
-  }
+  std::vector<double> all_ages;
+  transport_->GatherDoublesAtRoot(ages, &all_ages);
   if (!timeline->active()) return;
   for (size_t i = 0; i < ready.size(); ++i) {
     const Request& r = ready[i]->request;

@@ -18,8 +18,9 @@
 
 #include "core/coordinator.h"
 #include "core/engine_settings.h"
-#include "core/mpi_context.h"
+#include "core/negotiation_transport.h"
 #include "core/pending_op.h"
+#include "core/request_digest.h"
 #include "core/response_cache.h"
 #include "core/timeline.h"
 
@@ -58,14 +59,16 @@ struct NegotiationCounts {
   int64_t cached_ops = 0;      // ops agreed by their cache bit alone
   int64_t negotiated_ops = 0;  // ops agreed through rank 0's coordinator
   int64_t evictions = 0;       // cache entries dropped to make room
+  int64_t requests_bytes = 0;  // rank 0: the encoded requests it received
 };
 
 class Negotiator {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Forgets everything (engine start). `mpi` must outlive the negotiator's use.
-  void Reset(const MpiContext* mpi, const EngineConfig& config);
+  // Forgets everything (engine start). `transport` (Note [negotiation
+  // transport]) must outlive the negotiator's use.
+  void Reset(NegotiationTransport* transport, const EngineConfig& config);
 
   // Records a newly submitted op (join changes how this rank negotiates).
   void NoteSubmitted(const PendingOp& op);
@@ -86,17 +89,29 @@ class Negotiator {
   void InspectStalls(Clock::time_point now);
 
   const NegotiationCounts& counts() const { return counts_; }
+  // Rank 0: the most its coordinator's tables have held (0 elsewhere).
+  int64_t CoordinatorPeakBytes() const {
+    return coordinator_ ? coordinator_->PeakTableBytes() : 0;
+  }
 
  private:
   void Classify(const PendingOps& pending, Clock::time_point now);
   void SlowPath(const PendingOps& pending, bool joined_anywhere, Agreement* agreement);
+  // Collective: this rank's new requests to rank 0's coordinator, as
+  // digests, and in full those rank 0 asks for (negotiation_requests.cc).
+  void SendRequests(const std::vector<Request>& mine, Clock::time_point now);
+  // Rank 0: hands the coordinator this cycle's requests, from rank 0's own
+  // and every other rank's digests (Note [requests by signature hash]).
+  void AddGathered(const std::vector<Request>& mine, const std::vector<char>& gathered,
+                   const std::vector<size_t>& offsets, const std::vector<Request>& fetched,
+                   std::chrono::steady_clock::time_point now);
   PendingOp* StandIn(const Response& response);
   void CountCycle(const Agreement& agreement);
   // Collective: every rank's device failure ("" for none), as one message
   // naming the ranks that failed and why.
   std::string GatherDeviceFailures(const std::string& mine);
 
-  const MpiContext* mpi_ = nullptr;
+  NegotiationTransport* transport_ = nullptr;
   double stall_check_seconds_ = 0.0;
   double stall_shutdown_seconds_ = 0.0;
   ResponseCache cache_;

@@ -77,8 +77,6 @@ std::string TrailingShapesString(const Request& r) {
 
 }  // namespace
 
-bool FirstDimMayDiffer(OpType op) { return op == OpType::kAllgather || op == OpType::kAlltoall; }
-
 std::string ValidateRequests(const std::vector<Request>& submitted, int world_size,
                              const std::vector<bool>& joined) {
   const Request& first = submitted[0];

@@ -10,9 +10,6 @@
 
 namespace hvdkeras {
 
-// Allgather and alltoall: each rank may send its own first dimension.
-bool FirstDimMayDiffer(OpType op);
-
 // Checks that the submitting ranks' requests for one name agree (and, for
 // broadcast, that the root is valid and has not joined). Returns "" when they
 // do, or a message naming the tensor and what each rank sent.

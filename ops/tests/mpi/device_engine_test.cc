@@ -46,6 +46,7 @@
 #include "core/engine.h"
 #include "core/engine_api.h"
 #include "core/negotiation.h"
+#include "core/negotiation_transport_mpi.h"
 #include "core/scaling.h"
 #include "tests/harness.h"
 
@@ -960,8 +961,9 @@ TEST(ANegotiationEndedByADeviceErrorKeepsItsBufferForTheLateRanks) {
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   hvdkeras::MpiContext mpi;
   CHECK(mpi.Open(comm).ok());
+  hvdkeras::MpiNegotiationTransport transport(&mpi);
   hvdkeras::Negotiator negotiator;
-  negotiator.Reset(&mpi, Config());
+  negotiator.Reset(&transport, Config());
   const hvdkeras::PendingOps none;
   hvdkeras::CycleSignals healthy, broken;
   broken.health = [] { return Injected("the communicator"); };

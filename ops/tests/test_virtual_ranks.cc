@@ -1,0 +1,96 @@
+// Unit tests of the control plane's stand-in (core/virtual_ranks.cc): the
+// real Negotiator at every virtual rank over the in-memory transport. At
+// 1,000 virtual ranks every rank must run the same names in the same order,
+// allgathers must carry each rank's own rows, and steps after the first
+// must stay on the cache's one-allreduce path.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/virtual_ranks.h"
+#include "tests/harness.h"
+
+namespace {
+
+using hvdkeras::RunVirtualJob;
+using hvdkeras::VirtualCycle;
+using hvdkeras::VirtualJob;
+using hvdkeras::VirtualJobReport;
+
+std::vector<std::string> Step(const VirtualJobReport& report, int tensors, int step) {
+  return std::vector<std::string>(report.order.begin() + step * tensors,
+                                  report.order.begin() + (step + 1) * tensors);
+}
+
+TEST(ThousandVirtualRanksAgreeAndStayCachedAfterTheFirstStep) {
+  VirtualJob job;
+  job.ranks = 1000;
+  job.tensors = 40;
+  job.allgathers = 4;
+  job.stragglers = 3;
+  const VirtualJobReport report = RunVirtualJob(job);
+  CHECK_EQ(report.error, std::string(""));
+  CHECK(report.agreed);
+  CHECK(report.exact);
+  CHECK_EQ(report.order.size(), size_t{3 * 40});
+  int first_step_negotiated = 0;
+  for (const VirtualCycle& c : report.cycles) {
+    if (c.step == 0) {
+      first_step_negotiated += static_cast<int>(c.negotiated);
+      continue;
+    }
+    CHECK_EQ(c.negotiated, int64_t{0});  // cached from the second step on
+    CHECK_EQ(c.exchanges.gathers, int64_t{0});
+    CHECK_EQ(c.exchanges.allreduces, int64_t{1});
+  }
+  CHECK_EQ(first_step_negotiated, 40);
+  // With stragglers every name waits for them, so each step takes two cycles.
+  CHECK_EQ(report.cycles.size(), size_t{3 * 2});
+  CHECK(report.rank0_table_peak_bytes > 0);
+  std::printf("  1000 virtual ranks: first step %.4f s of rank 0's CPU, %lld bytes at rank 0\n",
+              report.cycles[0].rank0_cpu_s + report.cycles[1].rank0_cpu_s,
+              static_cast<long long>(report.cycles[0].exchanges.gather_bytes_at_root +
+                                     report.cycles[1].exchanges.gather_bytes_at_root));
+}
+
+TEST(TheOrderDoesNotDependOnTheRankCount) {
+  // Ranks that submit in the same order get the same agreed order at 4 and
+  // at 600 ranks, every step (the order the requests arrived at rank 0).
+  VirtualJob job;
+  job.tensors = 30;
+  job.allgathers = 3;
+  job.shuffled = false;
+  job.ranks = 4;
+  const VirtualJobReport small = RunVirtualJob(job);
+  job.ranks = 600;
+  const VirtualJobReport large = RunVirtualJob(job);
+  CHECK(small.agreed && large.agreed && small.exact && large.exact);
+  CHECK_EQ(large.order, small.order);
+  CHECK_EQ(Step(small, 30, 0), Step(small, 30, 2));
+}
+
+TEST(AFullCacheFallsBackToTheCoordinatorButStaysExact) {
+  VirtualJob job;
+  job.ranks = 64;
+  job.tensors = 50;
+  job.cache_capacity = 20;
+  const VirtualJobReport report = RunVirtualJob(job);
+  CHECK(report.agreed && report.exact);
+  CHECK_EQ(report.error, std::string(""));
+  int64_t negotiated_later = 0;
+  for (const VirtualCycle& c : report.cycles) {
+    if (c.step > 0) negotiated_later += c.negotiated;
+  }
+  CHECK(negotiated_later >= 2 * 30);  // what did not fit goes through rank 0 every step
+}
+
+TEST(BadJobsAreRefusedWithTheirLimits) {
+  VirtualJob job;
+  job.ranks = 2;
+  job.stragglers = 2;
+  const VirtualJobReport report = RunVirtualJob(job);
+  CHECK(!report.agreed);
+  CHECK(report.error.find("stragglers < ranks") != std::string::npos);
+}
+
+}  // namespace
