@@ -275,13 +275,16 @@ def virtual_job(lib: ctypes.CDLL, ranks: int, tensors: int, steps: int = 3,
     no MPI and no running engine; returns its report as a dict."""
     params = (ctypes.c_int64 * 9)(ranks, tensors, steps, allgathers, int(shuffled), stragglers,
                                   cache_capacity, seed, ranks_per_host)
-    capacity = (1 << 16) + (steps * tensors * 48 if with_order else 0) + steps * 4096
-    while True:
-        out = ctypes.create_string_buffer(capacity)
-        needed = lib.hvdkeras_virtual_job(params, int(with_order), out, capacity)
-        if needed < capacity:
-            return json.loads(out.value.decode())
-        capacity = needed + 1  # cut: run it again with room for all of it
+    # Room for the most the report can hold: a step takes at most a cycle per
+    # tensor and one more for stragglers (a row of under 256 characters each),
+    # and each name is short.
+    capacity = (1 << 16) + steps * (tensors + 2) * (256 + (48 if with_order else 0))
+    out = ctypes.create_string_buffer(capacity)
+    needed = lib.hvdkeras_virtual_job(params, int(with_order), out, capacity)
+    if needed >= capacity:
+        raise RuntimeError(f"the virtual job's report ({needed} bytes) outgrew its buffer "
+                           f"({capacity} bytes)")
+    return json.loads(out.value.decode())
 
 
 def liveness_sockets(lib: ctypes.CDLL) -> int:

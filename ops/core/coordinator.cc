@@ -133,28 +133,25 @@ Response Coordinator::BuildResponse(const Entry& entry) const {
 void Coordinator::Add(const Request& request, SteadyClock::time_point now) {
   std::vector<int64_t> numbers;
   AppendPerRankNumbers(request, &numbers);
-  if (request.rank < 0 || request.rank >= size_) return;  // not from this world
-  AddSigned(table_[request.name], request, SignatureHash(request), request.rank,
-            request.age_seconds, numbers.data(), numbers.size(), now);
+  AddDigest(request, SignatureHash(request), request.rank, request.age_seconds, numbers.data(),
+            numbers.size(), now);
 }
 
-const Request& Coordinator::Signature(uint64_t hash) const {
-  const Entry& entry = *index_.at(hash);
+const Request& Coordinator::SignatureIn(const Entry& entry, uint64_t hash) const {
   return hash == entry.reference_hash ? entry.reference : entry.odd_signatures.at(hash);
 }
 
-void Coordinator::AddKnown(uint64_t hash, int rank, double age_seconds, const int64_t* numbers,
-                           size_t count, SteadyClock::time_point now) {
-  if (rank < 0 || rank >= size_) return;  // not from this world
-  Entry& entry = *index_.at(hash);
-  const Request& signature =
-      hash == entry.reference_hash ? entry.reference : entry.odd_signatures.at(hash);
-  AddSigned(entry, signature, hash, rank, age_seconds, numbers, count, now);
+const Request& Coordinator::Signature(uint64_t hash) const {
+  return SignatureIn(*index_.at(hash), hash);
 }
 
-void Coordinator::AddSigned(Entry& entry, const Request& signature, uint64_t hash, int rank,
+void Coordinator::AddDigest(const Request& signature, uint64_t hash, int rank,
                             double age_seconds, const int64_t* numbers, size_t count,
                             SteadyClock::time_point now) {
+  if (rank < 0 || rank >= size_) return;  // not from this world
+  // A known hash finds its entry without comparing names.
+  auto known = index_.find(hash);
+  Entry& entry = known != index_.end() ? *known->second : table_[signature.name];
   // Read before the entry changes: `signature` may be the entry's own.
   const OpType op_type = signature.op_type;
   if (entry.seen.empty()) {

@@ -44,13 +44,16 @@ class Coordinator {
   void Add(const Request& request, SteadyClock::time_point now = SteadyClock::now());
 
   // Note [requests by signature hash] (request_digest.h): whether a pending
-  // name holds a request with this signature hash, and, when it does, adding
-  // rank `rank`'s request from its digest alone (its age and own numbers).
+  // name holds a request with this signature hash, and the full request
+  // behind a known hash (valid until the next Add).
   bool Known(uint64_t hash) const { return index_.count(hash) > 0; }
-  // The full request behind a known hash (valid until the next Add).
   const Request& Signature(uint64_t hash) const;
-  void AddKnown(uint64_t hash, int rank, double age_seconds, const int64_t* numbers,
-                size_t count, SteadyClock::time_point now = SteadyClock::now());
+  // Records rank `rank`'s request from a digest: `signature` (whose hash is
+  // `hash`; any rank's request of that signature) with this rank's age and
+  // own numbers (as AppendPerRankNumbers writes them).
+  void AddDigest(const Request& signature, uint64_t hash, int rank, double age_seconds,
+                 const int64_t* numbers, size_t count,
+                 SteadyClock::time_point now = SteadyClock::now());
 
   // Responses for names that became ready since the last call, in order.
   std::vector<Response> TakeReady();
@@ -118,11 +121,7 @@ class Coordinator {
 
   // The request rank `rank` sent for the entry (it must have sent one).
   Request Sent(const Entry& entry, int rank) const;
-  // Adds a request to the entry for `signature.name`, from its signature and
-  // the rank's own numbers.
-  void AddSigned(Entry& entry, const Request& signature, uint64_t hash, int rank,
-                 double age_seconds, const int64_t* numbers, size_t count,
-                 SteadyClock::time_point now);
+  const Request& SignatureIn(const Entry& entry, uint64_t hash) const;
   void Record(Entry& entry, const Request& signature, uint64_t hash, int rank, double age_seconds,
               const int64_t* numbers, size_t count);
   void Erase(const std::string& name);

@@ -102,9 +102,10 @@ class Negotiator {
   void SendRequests(const std::vector<Request>& mine, Clock::time_point now);
   // Rank 0: hands the coordinator this cycle's requests, from rank 0's own
   // and every other rank's digests (Note [requests by signature hash]).
-  void AddGathered(const std::vector<Request>& mine, const std::vector<char>& gathered,
-                   const std::vector<size_t>& offsets, const std::vector<Request>& fetched,
-                   std::chrono::steady_clock::time_point now);
+  // `my_hashes`: the signature hashes of `mine`, in order.
+  void AddGathered(const std::vector<Request>& mine, const std::vector<uint64_t>& my_hashes,
+                   const std::vector<char>& gathered, const std::vector<size_t>& offsets,
+                   const std::vector<Request>& fetched, std::chrono::steady_clock::time_point now);
   PendingOp* StandIn(const Response& response);
   void CountCycle(const Agreement& agreement);
   // Collective: every rank's device failure ("" for none), as one message

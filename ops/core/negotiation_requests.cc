@@ -18,10 +18,14 @@ void Negotiator::SendRequests(const std::vector<Request>& mine, Clock::time_poin
                            &offsets);
   std::string wanted_bytes;
   std::vector<Request> fetched;  // rank 0: a full request for every hash digested
+  std::vector<uint64_t> my_hashes;  // rank 0, or a rank asked for requests in full
+  auto hash_mine = [&] {
+    for (const Request& q : mine) my_hashes.push_back(SignatureHash(q));
+  };
   if (root) {
     counts_.requests_bytes += static_cast<int64_t>(offsets.back());
-    std::unordered_set<uint64_t> have;
-    for (const Request& q : mine) have.insert(SignatureHash(q));
+    hash_mine();
+    std::unordered_set<uint64_t> have(my_hashes.begin(), my_hashes.end());
     std::vector<std::pair<uint64_t, int32_t>> wanted;
     uint64_t hash;
     double age;
@@ -49,8 +53,11 @@ void Negotiator::SendRequests(const std::vector<Request>& mine, Clock::time_poin
       if (r == transport_->rank()) asked.insert(hash);
     }
     std::vector<Request> full;
-    for (const Request& q : mine) {
-      if (!asked.empty() && asked.count(SignatureHash(q))) full.push_back(q);
+    if (!asked.empty()) {
+      hash_mine();
+      for (size_t i = 0; i < mine.size(); ++i) {
+        if (asked.count(my_hashes[i])) full.push_back(mine[i]);
+      }
     }
     std::vector<char> full_gathered;
     std::vector<size_t> full_offsets;
@@ -64,37 +71,43 @@ void Negotiator::SendRequests(const std::vector<Request>& mine, Clock::time_poin
     }
   }
 
-  if (root) AddGathered(mine, gathered, offsets, fetched, now);
+  if (root) AddGathered(mine, my_hashes, gathered, offsets, fetched, now);
 }
 
-void Negotiator::AddGathered(const std::vector<Request>& mine, const std::vector<char>& gathered,
-                             const std::vector<size_t>& offsets,
+void Negotiator::AddGathered(const std::vector<Request>& mine,
+                             const std::vector<uint64_t>& my_hashes,
+                             const std::vector<char>& gathered, const std::vector<size_t>& offsets,
                              const std::vector<Request>& fetched, Clock::time_point now) {
   // In rank order, each rank's requests in its own order, as they would
   // arrive whole: the order names become ready in does not depend on how
   // the requests travelled.
   std::unordered_map<uint64_t, const Request*> full;
-  for (const Request& q : mine) full.emplace(SignatureHash(q), &q);
+  for (size_t i = 0; i < mine.size(); ++i) full.emplace(my_hashes[i], &mine[i]);
   for (const Request& q : fetched) full.emplace(SignatureHash(q), &q);
-  for (const Request& q : mine) coordinator_->Add(q, now);
   uint64_t hash;
   double age;
   std::vector<int64_t> numbers;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    numbers.clear();
+    AppendPerRankNumbers(mine[i], &numbers);
+    coordinator_->AddDigest(mine[i], my_hashes[i], mine[i].rank, mine[i].age_seconds,
+                            numbers.data(), numbers.size(), now);
+  }
   for (size_t r = 1; r + 1 < offsets.size(); ++r) {
     DigestReader digests(gathered.data() + offsets[r], offsets[r + 1] - offsets[r]);
     const int rank = static_cast<int>(r);
     while (digests.Next(&hash, &age, &numbers)) {
+      // Every digested hash has a full request: the coordinator's, rank 0's
+      // own, or one copied or fetched above.
+      const Request* signature = nullptr;
       if (coordinator_->Known(hash)) {
-        coordinator_->AddKnown(hash, rank, age, numbers.data(), numbers.size(), now);
-        continue;
+        signature = &coordinator_->Signature(hash);
+      } else if (auto it = full.find(hash); it != full.end()) {
+        signature = it->second;
       }
-      // Every digested hash has a full request: rank 0's own, the
-      // coordinator's copy, or one fetched from its lowest rank.
-      auto it = full.find(hash);
-      if (it == full.end()) continue;
-      coordinator_->Add(WithPerRankNumbers(*it->second, rank, age, numbers.data(),
-                                           numbers.size()),
-                        now);
+      if (signature) {
+        coordinator_->AddDigest(*signature, hash, rank, age, numbers.data(), numbers.size(), now);
+      }
     }
   }
 }

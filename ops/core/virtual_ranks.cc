@@ -64,6 +64,14 @@ class Hub {
   uint64_t generation_ = 0;
 };
 
+// Every rank's `part` of its slot, one after another in rank order.
+template <typename T, typename Part>
+std::vector<T> Concatenated(const std::vector<Hub::Slot>& slots, Part part) {
+  std::vector<T> out;
+  for (const Hub::Slot& s : slots) out.insert(out.end(), part(s).begin(), part(s).end());
+  return out;
+}
+
 // One virtual rank's transport: every call meets the others at the hub.
 // Rank 0's counts say what reached it; its time inside is kept apart.
 class HubTransport : public NegotiationTransport {
@@ -94,8 +102,8 @@ class HubTransport : public NegotiationTransport {
     slot.record = &mine;
     slot.all = all;
     hub_->Meet(rank_, slot, [](std::vector<Hub::Slot>& slots) {
-      std::vector<char> joined;
-      for (const Hub::Slot& s : slots) joined.insert(joined.end(), s.record->begin(), s.record->end());
+      const std::vector<char> joined =
+          Concatenated<char>(slots, [](const Hub::Slot& s) -> const auto& { return *s.record; });
       for (Hub::Slot& s : slots) *s.all = joined;
     });
     return Status::OK();
@@ -143,9 +151,8 @@ class HubTransport : public NegotiationTransport {
     slot.doubles = &mine;
     slot.all_doubles = all;
     hub_->Meet(rank_, slot, [](std::vector<Hub::Slot>& slots) {
-      std::vector<double>& out = *slots[0].all_doubles;
-      out.clear();
-      for (const Hub::Slot& s : slots) out.insert(out.end(), s.doubles->begin(), s.doubles->end());
+      *slots[0].all_doubles =
+          Concatenated<double>(slots, [](const Hub::Slot& s) -> const auto& { return *s.doubles; });
     });
   }
 
