@@ -9,13 +9,14 @@ simulated for many more ranks than this machine can start.
 `--ranks` virtual ranks as threads of this one process, each running the
 real negotiation (coordinator, response cache, digests) over an in-memory
 transport, with some ranks a cycle late (`--stragglers`) and each rank
-submitting in its own order. It prints rank 0's CPU time in the negotiation
+submitting in its own order, rank 0's thread on a core of its own (as a
+real rank 0 has). It prints rank 0's CPU time in the negotiation
 (first step, steady cycle), the bytes rank 0 receives, its counted peak
 memory for the negotiation, the liveness sockets the tree plan gives rank 0,
 and the wall time the exchanges would add on a link of `--latency-us` and
 `--gbps` (by default both measured here with raw mpi4py between 2 ranks).
 
-starts `--ranks` framework-free MPI processes (the engine library through
+--real starts `--ranks` framework-free MPI processes (the engine library through
 ctypes, NumPy buffers; no Keras, TensorFlow, JAX or torch, so about 60 MiB
 each) on this machine, oversubscribed. Every rank submits `--tensors`
 single-float allreduces a step, all at once as a backward pass hands over
@@ -42,6 +43,12 @@ It prints (one JSON object with `--json`):
   mpi_floor_us: raw mpi4py doing one cycle's collectives in the same job
     (the bit-vector allreduce of the same length, and the step's fused data
     allreduce spread over its cycles): what no control plane can undercut;
+  first_step_rank0_negotiation_cpu_s / steady_step_rank0_negotiation_cpu_us:
+    rank 0's CPU inside the negotiation alone, outside its exchanges (what
+    the stand-in counts too), for the first step and per steady step;
+  predicted / real_over_predicted: the stand-in run for the same ranks,
+    tensors and steps, its figures for those two and the first step's bytes,
+    and the real figure over the predicted one;
   cached_fraction: the share of the steady steps' collectives agreed by
     their cache bit alone; cache_evictions; rank0_peak_mib (peak resident
     memory of rank 0); rank0_liveness_sockets; exact.
@@ -134,6 +141,7 @@ def _rank_program(tensors: int, steps: int) -> None:
     first_wall = comm.allreduce(first_wall, op=MPI.MAX)
     before = c_api.negotiation_stats(lib)
     first_bytes_in = before[4] - stats0[4]
+    first_negotiation_cpu = (before[5] - stats0[5]) * 1e-9
     comm.Barrier()
     cpu0, wall0 = engine_cpu(), time.perf_counter()
     marks = [step("grad") for _ in range(steps)]
@@ -148,6 +156,7 @@ def _rank_program(tensors: int, steps: int) -> None:
     tail = float(np.median(last_done - last_submitted))
     after = c_api.negotiation_stats(lib)
     cycles, cached, negotiated = (after[i] - before[i] for i in range(3))
+    steady_negotiation_cpu = (after[5] - before[5]) * 1e-9
     cycles = max(comm.allreduce(cycles, op=MPI.MAX), 1)
 
     # The floor: the same cycles' collectives through mpi4py alone. The
@@ -182,9 +191,11 @@ def _rank_program(tensors: int, steps: int) -> None:
             "first_step_s": round(first_wall, 4),
             "first_step_rank0_cpu_s": round(first_cpu, 4),
             "first_step_rank0_bytes_in": int(first_bytes_in),
+            "first_step_rank0_negotiation_cpu_s": round(first_negotiation_cpu, 5),
             "steady_cycles_per_step": round(cycles / steps, 2),
             "steady_cycle_us": round(steady_wall / cycles * 1e6, 1),
             "steady_cycle_rank0_cpu_us": round(steady_cpu / cycles * 1e6, 1),
+            "steady_step_rank0_negotiation_cpu_us": round(steady_negotiation_cpu / steps * 1e6, 1),
             "mpi_floor_us": round(floor_wall / cycles * 1e6, 1),
             "steady_tail_us": round(tail * 1e6, 1),
             "mpi_tail_floor_us": round(tail_floor * 1e6, 1),
@@ -196,12 +207,26 @@ def _rank_program(tensors: int, steps: int) -> None:
 
 
 def run_real(ranks: int, tensors: int, steps: int, extra_env: Dict[str, str],
-             timeout: float) -> dict:
-    """Launches the real run and returns rank 0's figures."""
+             timeout: float, lab: str = "", lab_hosts: int = 0) -> dict:
+    """Launches the real run and returns rank 0's figures: on this machine, or
+    with `lab` over the first `lab_hosts` hosts of that network-namespace lab
+    (scripts/netlab.py), `ranks / lab_hosts` on each."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = {**os.environ, **extra_env, LAUNCHED_AT: repr(time.time())}
-    cmd = [str(mpiexec), "-n", str(ranks), sys.executable, __file__, RANK_FLAG,
-           str(tensors), str(steps)]
+    # The step's data is a few KiB: a small shared-memory arena per rank
+    # (64 MiB by default, reserved in memory) lets 256 ranks fit one host's
+    # memory without changing what the control plane does.
+    env = {"HVDKERAS_SHM_ARENA_BYTES": str(4 << 20), **os.environ, **extra_env,
+           LAUNCHED_AT: repr(time.time())}
+    if lab:
+        from lab_steps import lab_launcher
+
+        if lab_hosts < 1 or ranks % lab_hosts:
+            raise SystemExit(f"--ranks {ranks} must be a multiple of --lab-hosts {lab_hosts}")
+        hosts = ",".join(f"h{i}:{ranks // lab_hosts}" for i in range(lab_hosts))
+        launcher = lab_launcher(lab, hosts, ranks)
+    else:
+        launcher = [str(mpiexec), "-n", str(ranks)]
+    cmd = [*launcher, sys.executable, __file__, RANK_FLAG, str(tensors), str(steps)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -255,17 +280,52 @@ def measure_link(timeout: float = 120.0):
 
 
 def run_simulated(ranks: int, tensors: int, steps: int, stragglers: int, allgathers: int,
-                  cache_capacity: int, ranks_per_host: int, link) -> dict:
+                  cache_capacity: int, ranks_per_host: int, link, arrival_cycles: int = 1,
+                  shuffled: bool = True, rank0_own_core: bool = True) -> dict:
     """Runs the stand-in and returns its figures (control_plane_model.summarize)."""
     from hvdkeras.engine import c_api, library
     from hvdkeras.engine.control_plane_model import summarize
 
     report = c_api.virtual_job(library.engine_handle(), ranks, tensors, steps=steps + 1,
                                allgathers=allgathers, stragglers=stragglers,
-                               cache_capacity=cache_capacity, ranks_per_host=ranks_per_host)
+                               cache_capacity=cache_capacity, ranks_per_host=ranks_per_host,
+                               arrival_cycles=arrival_cycles, shuffled=shuffled,
+                               rank0_own_core=rank0_own_core)
     if report["error"]:
         raise RuntimeError(f"the simulated job failed: {report['error']}")
     return summarize(report, ranks, tensors, link)
+
+
+# What the stand-in predicts of a real run, and the real figure it is held to.
+PREDICTED = {"first_step_rank0_bytes_in": "first_step_rank0_bytes_in",
+             "first_step_rank0_negotiation_cpu_s": "first_step_rank0_cpu_s",
+             "steady_step_rank0_negotiation_cpu_us": None}
+
+
+def predict_real(result: dict) -> dict:
+    """The stand-in run for the real run's ranks (one host), tensors and
+    steps: its figures beside the real ones, and real / predicted."""
+    from hvdkeras.engine.control_plane_model import Link
+
+    ranks, tensors, steps = result["ranks"], result["tensors"], result["steps"]
+    # The virtual ranks hand their tensors over in the real ranks' order (the
+    # same on every rank) and in as many cycles as the real ones took (Python
+    # submits one by one while the engine cycles), rank 0 sharing the cores
+    # with the others as the real rank 0 does here. The link
+    # does not enter these figures (CPU and bytes only).
+    spread = max(1, round(result["steady_cycles_per_step"]))
+    simulated = run_simulated(ranks, tensors, steps, 0, 0, 16384, ranks, Link(1e-6, 1e9),
+                              arrival_cycles=spread, shuffled=False, rank0_own_core=False)
+    predicted = {}
+    for real_key, simulated_key in PREDICTED.items():
+        if simulated_key is None:  # per step: the stand-in's cycles are fewer and fuller
+            predicted[real_key] = round(simulated["steady_cycle_rank0_cpu_us"]
+                                        * simulated["steady_cycles_per_step"], 1)
+        else:
+            predicted[real_key] = simulated[simulated_key]
+    return {"predicted": predicted,
+            "real_over_predicted": {k: round(result[k] / v, 3) if v else None
+                                    for k, v in predicted.items()}}
 
 
 def main(argv: List[str]) -> int:
@@ -287,6 +347,10 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--cache-capacity", type=int, help="HVDKERAS_CACHE_CAPACITY")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true", help="one JSON line")
+    real = parser.add_argument_group("--real only")
+    real.add_argument("--lab", default="", help="run over this network-namespace lab's hosts "
+                      "(scripts/netlab.py up --hosts H --name LAB)")
+    real.add_argument("--lab-hosts", type=int, default=2, help="with --lab: hosts to use")
     simulated = parser.add_argument_group("--simulate only")
     simulated.add_argument("--stragglers", type=int, default=0,
                            help="ranks that submit each step one cycle late")
@@ -310,8 +374,10 @@ def main(argv: List[str]) -> int:
         extra = {}
         if args.cache_capacity is not None:
             extra["HVDKERAS_CACHE_CAPACITY"] = str(args.cache_capacity)
-        result = run_real(args.ranks, args.tensors, args.steps, extra, args.timeout)
+        result = run_real(args.ranks, args.tensors, args.steps, extra, args.timeout,
+                          args.lab, args.lab_hosts)
         result.pop("stderr")
+        result.update(predict_real(result))
     if args.json:
         print(json.dumps(result))
     else:

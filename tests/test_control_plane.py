@@ -70,3 +70,9 @@ def test_the_real_first_step_sends_rank_zero_digests_not_requests():
     digests = simulated["first_step_rank0_bytes_in"]
     assert digests == 3 * tensors * 20, simulated
     assert digests <= real["first_step_rank0_bytes_in"] <= digests + tensors * 100, real
+    # Rank 0's own negotiation CPU is counted by the engine as by the
+    # stand-in, whose run for the same job comes back beside it.
+    assert real["first_step_rank0_negotiation_cpu_s"] > 0, real
+    prediction = bench.predict_real(real)
+    assert prediction["predicted"]["first_step_rank0_bytes_in"] == digests, prediction
+    assert all(v > 0 for v in prediction["real_over_predicted"].values()), prediction

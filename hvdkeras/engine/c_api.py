@@ -260,8 +260,9 @@ def engine_stats(lib: ctypes.CDLL) -> tuple[list, list]:
 
 def negotiation_stats(lib: ctypes.CDLL) -> list:
     """[cycles, ops from the response cache, ops through rank 0, evictions, bytes of
-    requests rank 0 received] since init()."""
-    counts = (ctypes.c_int64 * 5)()
+    requests rank 0 received, the negotiation's own CPU nanoseconds (outside its
+    exchanges)] since init()."""
+    counts = (ctypes.c_int64 * 6)()
     lib.hvdkeras_negotiation_stats(counts)
     return list(counts)
 
@@ -269,12 +270,16 @@ def negotiation_stats(lib: ctypes.CDLL) -> list:
 def virtual_job(lib: ctypes.CDLL, ranks: int, tensors: int, steps: int = 3,
                 allgathers: int = 0, shuffled: bool = True, stragglers: int = 0,
                 cache_capacity: int = 16384, seed: int = 1, ranks_per_host: int = 8,
+                arrival_cycles: int = 1, rank0_own_core: bool = True,
                 with_order: bool = False) -> dict:
     """Runs the control plane's stand-in (ops/core/virtual_ranks.h): `ranks`
-    virtual ranks in this process, each running the real negotiation. Needs
-    no MPI and no running engine; returns its report as a dict."""
-    params = (ctypes.c_int64 * 9)(ranks, tensors, steps, allgathers, int(shuffled), stragglers,
-                                  cache_capacity, seed, ranks_per_host)
+    virtual ranks in this process, each running the real negotiation and
+    handing a step's tensors over in `arrival_cycles` cycles, rank 0's
+    thread on a core of its own where there are 2 or more (`rank0_own_core`).
+    Needs no MPI and no running engine; returns its report as a dict."""
+    params = (ctypes.c_int64 * 11)(ranks, tensors, steps, allgathers, int(shuffled), stragglers,
+                                   cache_capacity, seed, ranks_per_host, arrival_cycles,
+                                   int(rank0_own_core))
     # Room for the most the report can hold: a step takes at most a cycle per
     # tensor and one more for stragglers (a row of under 256 characters each),
     # and each name is short.

@@ -72,7 +72,7 @@ def engine_stats() -> EngineStats:
     require()
     (ops, batches, reduced, gathered), (executing, waiting) = c_api.engine_stats(
         library.engine_handle())
-    cycles, cached, negotiated, evictions, _ = c_api.negotiation_stats(library.engine_handle())
+    cycles, cached, negotiated, evictions = c_api.negotiation_stats(library.engine_handle())[:4]
     return EngineStats(ops=ops, batches=batches, bytes_reduced=reduced,
                        execute_seconds=executing, wait_seconds=waiting, bytes_gathered=gathered,
                        cycles=cycles, cached_ops=cached, negotiated_ops=negotiated,

@@ -149,9 +149,10 @@ void hvdkeras_engine_stats(int64_t* counts, double* seconds) {
   hvdkeras::Engine::Instance().Stats(counts, seconds);
 }
 
-// The global set's negotiation totals since init(): counts[5] (cycles, ops
+// The global set's negotiation totals since init(): counts[6] (cycles, ops
 // agreed from the response cache, ops agreed through rank 0, cache
-// evictions, bytes of requests rank 0 received).
+// evictions, bytes of requests rank 0 received, the negotiation's own CPU
+// nanoseconds outside its exchanges).
 void hvdkeras_negotiation_stats(int64_t* counts) {
   hvdkeras::Engine::Instance().NegotiationStats(counts);
 }

@@ -27,8 +27,9 @@ std::string JsonText(const std::string& text) {
 
 extern "C" {
 
-// Runs a virtual job: params[9] = ranks, tensors, steps, allgathers,
-// shuffled (0/1), stragglers, cache capacity, seed, ranks per host; with_order != 0 adds
+// Runs a virtual job: params[11] = ranks, tensors, steps, allgathers,
+// shuffled (0/1), stragglers, cache capacity, seed, ranks per host, arrival
+// cycles, rank 0 on its own core (0/1); with_order != 0 adds
 // rank 0's agreed names. Writes one JSON object into `out` (cut to
 // `capacity`) and returns its full length, so a caller can tell it was cut.
 int64_t hvdkeras_virtual_job(const int64_t* params, int with_order, char* out,
@@ -43,6 +44,8 @@ int64_t hvdkeras_virtual_job(const int64_t* params, int with_order, char* out,
   job.cache_capacity = params[6];
   job.seed = static_cast<uint64_t>(params[7]);
   job.ranks_per_host = static_cast<int>(params[8]);
+  job.arrival_cycles = static_cast<int>(params[9]);
+  job.rank0_own_core = params[10] != 0;
   const hvdkeras::VirtualJobReport report = hvdkeras::RunVirtualJob(job);
   std::ostringstream json;
   json.precision(9);

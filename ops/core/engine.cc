@@ -231,6 +231,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   stat_negotiated_ops_ = counts.negotiated_ops;
   stat_evictions_ = counts.evictions;
   stat_requests_bytes_ = counts.requests_bytes;
+  stat_negotiation_cpu_ns_ = counts.own_cpu_ns;
   if (waiting) {
     stat_wait_seconds_ = stat_wait_seconds_.load() +
                          std::chrono::duration<double>(negotiated - now).count();

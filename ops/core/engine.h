@@ -109,14 +109,16 @@ class Engine {
   }
 
   // The negotiation's totals since Start: [0] cycles, [1] ops agreed from
-  // the response cache, [2] ops agreed through rank 0, [3] cache evictions.
-  // Any thread.
-  void NegotiationStats(int64_t counts[5]) const {
+  // the response cache, [2] ops agreed through rank 0, [3] cache evictions,
+  // [4] bytes of requests rank 0 received, [5] the negotiation's own CPU
+  // nanoseconds (outside its exchanges). Any thread.
+  void NegotiationStats(int64_t counts[6]) const {
     counts[0] = stat_cycles_.load();
     counts[1] = stat_cached_ops_.load();
     counts[2] = stat_negotiated_ops_.load();
     counts[3] = stat_evictions_.load();
     counts[4] = stat_requests_bytes_.load();
+    counts[5] = stat_negotiation_cpu_ns_.load();
   }
 
   // "shm", "hierarchical" or "mpi": how large CPU allreduces go, chosen at
@@ -182,6 +184,7 @@ class Engine {
   std::atomic<int64_t> stat_negotiated_ops_{0};
   std::atomic<int64_t> stat_evictions_{0};
   std::atomic<int64_t> stat_requests_bytes_{0};
+  std::atomic<int64_t> stat_negotiation_cpu_ns_{0};
 };
 
 }  // namespace hvdkeras

@@ -46,7 +46,8 @@ bool BitSet(const std::vector<uint64_t>& bits, size_t word, size_t bit) {
 }  // namespace
 
 void Negotiator::Reset(NegotiationTransport* transport, const EngineConfig& config) {
-  transport_ = transport;
+  timed_.Wrap(transport);
+  transport_ = &timed_;
   stall_check_seconds_ = config.stall_check_seconds;
   stall_shutdown_seconds_ = config.stall_shutdown_seconds;
   cache_ = ResponseCache(static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)));
@@ -65,6 +66,18 @@ void Negotiator::NoteSubmitted(const PendingOp& op) {
 
 Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& signals,
                                 Clock::time_point now) {
+  // This cycle's CPU outside the exchanges, on every way out.
+  struct OwnCpu {
+    OwnCpu(NegotiationCounts* c, const CpuTimedTransport* t)
+        : counts(c), timed(t), start(ThreadCpuNanoseconds()), inside(t->nanoseconds_inside()) {}
+    ~OwnCpu() {
+      counts->own_cpu_ns +=
+          ThreadCpuNanoseconds() - start - (timed->nanoseconds_inside() - inside);
+    }
+    NegotiationCounts* counts;
+    const CpuTimedTransport* timed;
+    int64_t start, inside;
+  } own_cpu(&counts_, &timed_);
   Agreement agreement;
   Classify(pending, now);
   // [status | cache hits | cache entries not invalidated], ANDed across ranks.

@@ -19,6 +19,7 @@
 #include "core/coordinator.h"
 #include "core/engine_settings.h"
 #include "core/negotiation_transport.h"
+#include "core/negotiation_transport_timed.h"
 #include "core/pending_op.h"
 #include "core/request_digest.h"
 #include "core/response_cache.h"
@@ -60,6 +61,7 @@ struct NegotiationCounts {
   int64_t negotiated_ops = 0;  // ops agreed through rank 0's coordinator
   int64_t evictions = 0;       // cache entries dropped to make room
   int64_t requests_bytes = 0;  // rank 0: the encoded requests it received
+  int64_t own_cpu_ns = 0;      // this thread's CPU in Negotiate outside the exchanges
 };
 
 class Negotiator {
@@ -112,7 +114,8 @@ class Negotiator {
   // naming the ranks that failed and why.
   std::string GatherDeviceFailures(const std::string& mine);
 
-  NegotiationTransport* transport_ = nullptr;
+  CpuTimedTransport timed_;  // the given transport, its calls' CPU counted
+  NegotiationTransport* transport_ = nullptr;  // &timed_
   double stall_check_seconds_ = 0.0;
   double stall_shutdown_seconds_ = 0.0;
   ResponseCache cache_;

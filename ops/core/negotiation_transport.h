@@ -4,7 +4,7 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The Negotiator decides; a NegotiationTransport moves its bytes. The
 // engine gives it the MPI one (negotiation_transport_mpi.cc); the control
-// plane's stand-in harness (control_plane_harness.cc) gives each of its
+// plane's stand-in harness (virtual_ranks.cc) gives each of its
 // virtual ranks an in-memory one, so the real negotiation, coordinator and
 // response cache run for thousands of ranks in one process, with the
 // network's cost modelled instead of paid. Every call is collective: every

@@ -17,12 +17,32 @@ namespace {
 constexpr int kNameBytes = 64;
 constexpr int64_t kPage = 4096;
 
-// Room for every rank of the host in /dev/shm, with half of it left for
-// everything else that uses it (MPI's own shared memory among them).
+// The machine's available memory (MemAvailable), or -1 where it cannot be
+// read. A region is reserved page by page in memory, and /dev/shm may be
+// sized beyond what the machine has (a tmpfs limit is only a limit).
+int64_t AvailableMemoryBytes() {
+  FILE* meminfo = std::fopen("/proc/meminfo", "r");
+  if (!meminfo) return -1;
+  char line[256];
+  long long kib = -1;
+  while (std::fgets(line, sizeof(line), meminfo)) {
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+  }
+  std::fclose(meminfo);
+  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
+}
+
+// Room for every rank of the host: half of what /dev/shm and the machine's
+// memory both have free, the other half left for everything else (MPI's own
+// shared memory, the processes themselves). With many ranks on one host
+// (hundreds, oversubscribed) each region shrinks instead of the host running
+// out of memory.
 int64_t RoomPerRank(int local_ranks) {
   struct statvfs fs;
   if (statvfs("/dev/shm", &fs) != 0) return 0;
-  const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  const int64_t memory = AvailableMemoryBytes();
+  if (memory >= 0) free_bytes = std::min(free_bytes, memory);
   return free_bytes / 2 / std::max(1, local_ranks);
 }
 

@@ -1,7 +1,7 @@
 #include "core/virtual_ranks.h"
 
 #include <pthread.h>
-#include <time.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -15,12 +15,6 @@
 namespace hvdkeras {
 
 namespace {
-
-double ThreadCpuSeconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
 
 // The virtual ranks' meeting point: each collective call leaves its
 // rank's buffers here and waits; the last to arrive does the exchange for
@@ -81,7 +75,6 @@ class HubTransport : public NegotiationTransport {
   int size() const override { return size_; }
 
   Status AllreduceAnd(std::vector<uint64_t>* bits, const std::function<Status()>&) override {
-    Timed timed(this);
     ++counts.allreduces;
     counts.allreduce_bytes += static_cast<int64_t>(bits->size() * 8);
     Hub::Slot slot;
@@ -97,7 +90,6 @@ class HubTransport : public NegotiationTransport {
   }
 
   Status Allgather(const std::vector<char>& mine, std::vector<char>* all) override {
-    Timed timed(this);
     Hub::Slot slot;
     slot.record = &mine;
     slot.all = all;
@@ -111,7 +103,6 @@ class HubTransport : public NegotiationTransport {
 
   void GatherAtRoot(const std::string& mine, std::vector<char>* gathered,
                     std::vector<size_t>* offsets) override {
-    Timed timed(this);
     Hub::Slot slot;
     slot.mine = &mine;
     slot.all = gathered;
@@ -135,7 +126,6 @@ class HubTransport : public NegotiationTransport {
   }
 
   void BroadcastFromRoot(std::string* bytes) override {
-    Timed timed(this);
     Hub::Slot slot;
     slot.bytes = bytes;
     hub_->Meet(rank_, slot, [](std::vector<Hub::Slot>& slots) {
@@ -146,7 +136,6 @@ class HubTransport : public NegotiationTransport {
   }
 
   void GatherDoublesAtRoot(const std::vector<double>& mine, std::vector<double>* all) override {
-    Timed timed(this);
     Hub::Slot slot;
     slot.doubles = &mine;
     slot.all_doubles = all;
@@ -157,15 +146,8 @@ class HubTransport : public NegotiationTransport {
   }
 
   ExchangeCounts counts;
-  double seconds_inside = 0.0;  // this thread's CPU inside the transport
 
  private:
-  struct Timed {
-    explicit Timed(HubTransport* t) : transport(t), start(ThreadCpuSeconds()) {}
-    ~Timed() { transport->seconds_inside += ThreadCpuSeconds() - start; }
-    HubTransport* transport;
-    double start;
-  };
 
   Hub* hub_;
   int rank_;
@@ -227,19 +209,25 @@ void RunRank(RankRun* run) {
     if (job.shuffled) std::shuffle(order.begin(), order.end(), random);
     int done = 0;
     for (int cycle = 0; done < job.tensors; ++cycle) {
-      if (cycle == (straggler ? 1 : 0)) {
-        for (int t : order) {
+      const int late = straggler ? 1 : 0;
+      const int spread = std::min(std::max(1, job.arrival_cycles), std::max(1, job.tensors));
+      if (cycle >= late && cycle < late + spread) {
+        // This cycle's share of the step's tensors, in this rank's order.
+        const int part = cycle - late;
+        const int begin = static_cast<int>(static_cast<int64_t>(job.tensors) * part / spread);
+        const int end = static_cast<int>(static_cast<int64_t>(job.tensors) * (part + 1) / spread);
+        for (int i = begin; i < end; ++i) {
+          const int t = order[i];
           auto op = std::make_unique<PendingOp>();
           op->request = RequestFor(job, run->rank, t);
           op->enqueued = std::chrono::steady_clock::now();
           pending.Add(std::move(op));
         }
       }
-      const double cpu_before = ThreadCpuSeconds();
-      const double inside_before = transport.seconds_inside;
+      const int64_t cpu_before = negotiator.counts().own_cpu_ns;
       transport.counts = ExchangeCounts();
       Agreement agreement = negotiator.Negotiate(pending, CycleSignals(), std::chrono::steady_clock::now());
-      const double cpu = ThreadCpuSeconds() - cpu_before - (transport.seconds_inside - inside_before);
+      const double cpu = 1e-9 * static_cast<double>(negotiator.counts().own_cpu_ns - cpu_before);
       if (!agreement.error.ok() || !agreement.failed.empty()) {
         run->error = !agreement.error.ok() ? agreement.error.message
                                            : agreement.failed[0].second.message;
@@ -301,9 +289,27 @@ VirtualJobReport RunVirtualJob(const VirtualJob& job) {
   StartGate gate;
   std::vector<RankRun> runs(job.ranks);
   std::vector<pthread_t> threads(job.ranks);
-  pthread_attr_t attr;
+  pthread_attr_t attr, rank0_attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 256 * 1024);  // thousands of threads: small stacks
+  pthread_attr_init(&rank0_attr);
+  pthread_attr_setstacksize(&rank0_attr, 256 * 1024);
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (job.rank0_own_core && sched_getaffinity(0, sizeof(allowed), &allowed) == 0 &&
+      CPU_COUNT(&allowed) >= 2) {
+    cpu_set_t first, rest = allowed;
+    CPU_ZERO(&first);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &allowed)) {
+        CPU_SET(cpu, &first);
+        CPU_CLR(cpu, &rest);
+        break;
+      }
+    }
+    pthread_attr_setaffinity_np(&rank0_attr, sizeof(first), &first);
+    pthread_attr_setaffinity_np(&attr, sizeof(rest), &rest);
+  }
   int started = 0;
   for (int r = 0; r < job.ranks; ++r) {
     runs[r].job = &job;
@@ -311,10 +317,13 @@ VirtualJobReport RunVirtualJob(const VirtualJob& job) {
     runs[r].gate = &gate;
     runs[r].rank = r;
     runs[r].report = &report;
-    if (pthread_create(&threads[r], &attr, RunRankThread, &runs[r]) != 0) break;
+    if (pthread_create(&threads[r], r == 0 ? &rank0_attr : &attr, RunRankThread, &runs[r]) != 0) {
+      break;
+    }
     ++started;
   }
   pthread_attr_destroy(&attr);
+  pthread_attr_destroy(&rank0_attr);
   {
     std::lock_guard<std::mutex> lock(gate.mutex);
     gate.open = true;

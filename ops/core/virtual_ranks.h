@@ -22,6 +22,16 @@ struct VirtualJob {
   int64_t cache_capacity = 16384;
   uint64_t seed = 1;
   int ranks_per_host = 8;  // for the liveness tree's plan
+  // Each rank hands a step's tensors over in this many cycles, evenly, as a
+  // backward pass (or Python submitting one by one) spreads them over the
+  // engine's cycles.
+  int arrival_cycles = 1;
+  // Rank 0's thread on a core of its own and the others on the rest (where
+  // the process may use 2 or more): a real rank 0 has its core to itself,
+  // and rank 0's caches are then not cleared by thousands of other ranks
+  // between two of its cycles, which would measure the stand-in, not the
+  // negotiation.
+  bool rank0_own_core = true;
 };
 
 // One kind of exchange in a cycle: how many, and the bytes that reach rank 0

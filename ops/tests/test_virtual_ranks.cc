@@ -84,6 +84,41 @@ TEST(AFullCacheFallsBackToTheCoordinatorButStaysExact) {
   CHECK(negotiated_later >= 2 * 30);  // what did not fit goes through rank 0 every step
 }
 
+TEST(TensorsHandedOverInSeveralCyclesAreCountedOnceAndTimed) {
+  // As a backward pass spreads its gradients over the engine's cycles: the
+  // first step's requests reach rank 0 once each however they are spread,
+  // a steady step takes as many cycles as the tensors arrive in, every
+  // tensor is still answered from the cache, and rank 0's own CPU is
+  // counted in every cycle.
+  VirtualJob job;
+  job.ranks = 64;
+  job.tensors = 30;
+  job.shuffled = false;
+  job.arrival_cycles = 3;
+  const VirtualJobReport spread = RunVirtualJob(job);
+  job.arrival_cycles = 1;
+  const VirtualJobReport whole = RunVirtualJob(job);
+  CHECK(spread.agreed && spread.exact && whole.agreed && whole.exact);
+  CHECK_EQ(Step(spread, 30, 0), Step(whole, 30, 0));
+  int64_t spread_bytes = 0, whole_bytes = 0;
+  int steady_cycles = 0;
+  for (const VirtualCycle& c : spread.cycles) {
+    if (c.step == 0) spread_bytes += c.exchanges.gather_bytes_at_root;
+    if (c.step == 1) {
+      ++steady_cycles;
+      CHECK_EQ(c.cached, int64_t{10});
+      CHECK_EQ(c.negotiated, int64_t{0});
+    }
+    CHECK(c.rank0_cpu_s > 0.0);
+  }
+  for (const VirtualCycle& c : whole.cycles) {
+    if (c.step == 0) whole_bytes += c.exchanges.gather_bytes_at_root;
+  }
+  CHECK_EQ(steady_cycles, 3);
+  CHECK_EQ(spread_bytes, whole_bytes);
+  CHECK_EQ(whole_bytes, int64_t{63 * 30 * 20});  // a 20-byte digest per request
+}
+
 TEST(BadJobsAreRefusedWithTheirLimits) {
   VirtualJob job;
   job.ranks = 2;
