@@ -53,3 +53,15 @@ def test_the_summary_splits_the_first_step_from_the_steady_cycles():
     assert out["steady_cycles_per_step"] == 1.0
     assert out["rank0_peak_mib"] == pytest.approx(round((4000 + 2 ** 20) / 2 ** 20, 1))
     assert out["rank0_liveness_sockets"] == 3
+
+
+def test_the_steady_costs_are_the_typical_cycle_and_step_not_an_outlier():
+    # Three steps of two cycles; one cycle took 20x the others.
+    cpu = [1e-4, 1e-4, 1e-4, 2e-3, 1e-4, 1e-4]
+    rows = [[0, 0.01, 0, 2, 1, 24, 1, 1000, 1, 500]]
+    rows += [[1 + i // 2, c, 2, 0, 1, 24, 0, 0, 0, 0] for i, c in enumerate(cpu)]
+    report = {"cycles": rows, "agreed": True, "exact": True, "error": "",
+              "rank0_table_peak_bytes": 0, "rank0_liveness_sockets": 0}
+    out = model.summarize(report, 8, 2, LINK)
+    assert out["steady_cycle_rank0_cpu_us"] == pytest.approx(100.0)
+    assert out["steady_step_rank0_cpu_us"] == pytest.approx(200.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Dict, Iterable, List, Sequence
 
 # The fields of each cycle the stand-in reports, in order.
@@ -120,7 +121,13 @@ def summarize(report: dict, ranks: int, tensors: int, link: Link) -> dict:
     cached = sum(c["cached"] for c in steady)
     negotiated = sum(c["negotiated"] for c in steady)
     first_bytes = sum(c["gather_bytes_at_root"] for c in first)
-    steady_cpu = sum(c["rank0_cpu_s"] for c in steady) / max(len(steady), 1)
+    # Medians: on a shared machine one cycle in ten can take several times the
+    # others (a preemption's cold caches), and the typical cycle is the cost.
+    steady_cpu = statistics.median([c["rank0_cpu_s"] for c in steady] or [0.0])
+    per_step: Dict[float, float] = {}
+    for c in steady:
+        per_step[c["step"]] = per_step.get(c["step"], 0.0) + c["rank0_cpu_s"]
+    step_cpu = statistics.median(list(per_step.values()) or [0.0])
     return {
         "ranks": ranks, "tensors": tensors, "agreed": report["agreed"], "exact": report["exact"],
         "error": report["error"],
@@ -130,6 +137,7 @@ def summarize(report: dict, ranks: int, tensors: int, link: Link) -> dict:
         "first_step_modelled_s": round(sum(cycle_seconds(c, ranks, link) for c in first), 6),
         "steady_cycles_per_step": round(len(steady) / max(1, len({c["step"] for c in steady})), 2),
         "steady_cycle_rank0_cpu_us": round(steady_cpu * 1e6, 1),
+        "steady_step_rank0_cpu_us": round(step_cpu * 1e6, 1),
         "steady_cycle_rank0_bytes_in": int(sum(c["gather_bytes_at_root"] for c in steady)
                                            / max(len(steady), 1)),
         "steady_cycle_modelled_us": round(
