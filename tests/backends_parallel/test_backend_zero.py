@@ -33,6 +33,11 @@ OPTIMIZERS = {
         0.01, gradient_accumulation_steps=2, global_clipnorm=0.5),
 }
 
+# At 3 ranks the shards are uneven: one optimizer with slots, and one whose
+# global norm sums over the uneven shards. The others' rules (EMA, loss
+# scaling, accumulation) do not depend on the layout and run at 2 ranks.
+UNEVEN_LAYOUT_OPTIMIZERS = ("adam", "adamw_global_clipnorm")
+
 
 def numpy_values(variables):
     return [keras.ops.convert_to_numpy(v) for v in variables]
@@ -74,6 +79,9 @@ def skip_passes_at_stage_three(stage, passes):
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_fit_equals_one_process_and_saves_the_whole_state(kind, stage, tmp_path):
+    if hvd.size() > 2 and kind not in UNEVEN_LAYOUT_OPTIMIZERS:
+        pytest.skip(f"{kind} runs at 2 ranks; the uneven layout of 3 runs with "
+                    f"{', '.join(UNEVEN_LAYOUT_OPTIMIZERS)}")
     if stage == 3 and kind == "adam_ema":
         pytest.skip("zero_stage=3 refuses an EMA (test_what_cannot_be_sharded_here_is_named)")
     model, _ = distributed(OPTIMIZERS[kind](), zero_stage=stage)
