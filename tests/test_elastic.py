@@ -165,3 +165,34 @@ def test_the_discovery_script_decides_the_next_world(tmp_path, op_library_built,
         assert ("only 1 slot(s) available (the host-discovery script reports 1 slot(s)), fewer "
                 "than --min-np 2: not restarting") in out, describe(result)
         assert "ATTEMPT 2" not in out
+
+
+COMMIT_AFTER_A_STOP = """
+import os, pickle, sys
+import hvdkeras as hvd
+from hvdkeras.engine import library
+from hvdkeras.training.elastic_state import ObjectState, STATE_FILE
+hvd.init()
+state = ObjectState(epoch=1)
+state.commit()
+# A stand-in for an engine that stopped on an error: the engine alone
+# stops, the world stays initialized, as after a failed collective.
+library.engine_handle().hvdkeras_engine_stop()
+state.epoch = 2
+try:
+    state.commit()
+except RuntimeError as e:
+    print("refused:", e)
+with open(os.path.join(os.environ["HVDKERAS_ELASTIC_STATE_DIR"], STATE_FILE), "rb") as f:
+    print("committed epoch", pickle.load(f)["values"]["epoch"])
+"""
+
+
+def test_a_commit_after_the_engine_stopped_is_refused_and_keeps_the_last(tmp_path,
+                                                                         op_library_built):
+    env = {**os.environ, "HVDKERAS_ELASTIC_STATE_DIR": str(tmp_path), "KERAS_BACKEND": "jax"}
+    result = run_command([sys.executable, "-c", COMMIT_AFTER_A_STOP], timeout=120, env=env)
+    assert result.returncode == 0, describe(result)
+    assert "refused: hvdkeras: not committing the elastic state" in result.stdout, \
+        describe(result)
+    assert "committed epoch 1" in result.stdout, describe(result)

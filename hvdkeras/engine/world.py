@@ -264,6 +264,13 @@ def is_initialized() -> bool:
     return _world is not None
 
 
+def engine_stopped() -> bool:
+    """Whether `init()` has run and its engine has stopped since, without
+    `shutdown()`: a collective failed on some rank (a GPU batch, a lost
+    peer), and every later collective repeats that error."""
+    return _world is not None and not library.engine_handle().hvdkeras_engine_running()
+
+
 def size() -> int:
     """Number of processes (ranks) in the job."""
     return require().size

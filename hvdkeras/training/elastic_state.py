@@ -84,7 +84,17 @@ class ObjectState:
         """Hosts change by restarting the job in hvdkeras: nothing to check in place."""
 
     def commit(self) -> None:
-        """Saves the state; with `HVDKERAS_ELASTIC_STATE_DIR`, rank 0 also writes it."""
+        """Saves the state; with `HVDKERAS_ELASTIC_STATE_DIR`, rank 0 also writes it.
+
+        Refused once the engine has stopped on an error: the state may then
+        hold a step some ranks did not finish (a GPU batch cut short), and
+        the last commit stays the one a restarted job resumes from.
+        """
+        if world.engine_stopped():
+            raise RuntimeError(
+                "hvdkeras: not committing the elastic state: hvdkeras stopped on an error "
+                "(see the error of the collective that failed), so this state may hold partial "
+                "results; the last commit is kept for the restarted job to resume from")
         self.save()
         directory = os.environ.get(STATE_DIR)
         if directory and world.rank() == 0:

@@ -16,32 +16,26 @@ namespace {
 int Divisor(const Request& r, int size) { return r.reduce_op == ReduceOp::kAverage ? size : 1; }
 
 // Reduces `tensors` across ranks in the fused buffer: packs them in (scaled
-// by the prescale; a stand-in packs the neutral element), reduces the whole
-// buffer in one communicator call, then averages and postscales it.
+// by the prescale; a stand-in packs the neutral element) and reduces the
+// whole buffer in one communicator call. The average's division and the
+// postscale happen on the way out (CopyFinalized), in the caller's copy to
+// the outputs, so the buffer is read once after the reduction.
 Status ReduceInFusedBuffer(ExecContext& ctx, const std::vector<PendingOp*>& batch,
                            const std::vector<TensorRef*>& tensors, const PackingPlan& plan,
                            char* buffer) {
   const Request& first = batch[0]->request;
   const DataType dtype = first.dtypes[0];
   const int64_t total = plan.total_bytes / static_cast<int64_t>(DataTypeSize(dtype));
-  const int divisor = Divisor(first, ctx.mpi.size());
   Status s;
   {
     Activity copy(ctx, batch, "MEMCPY_IN_FUSION_BUFFER");
-    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, first.prescale, /*into=*/true,
+    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, 1, first.prescale, /*into=*/true,
                      first.reduce_op);
     if (!s.ok()) return s;
   }
-  {
-    Activity comm(ctx, batch, "NCCL_ALLREDUCE");
-    s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
-    if (!s.ok()) return s;
-    ctx.device_comm_called = true;
-  }
-  if (divisor != 1 || first.postscale != 1.0) {
-    Activity scale(ctx, batch, "POSTSCALE");
-    s = ctx.device->Finalize(ctx.device_lane, dtype, buffer, total, divisor, first.postscale);
-  }
+  Activity comm(ctx, batch, "NCCL_ALLREDUCE");
+  s = ctx.device_comm->Allreduce(buffer, buffer, total, dtype, WireOp(first.reduce_op));
+  if (s.ok()) ctx.device_comm_called = true;
   return s;
 }
 
@@ -97,8 +91,8 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
     }
     if (finalize && !t.neutral) {
       Activity scale(ctx, batch, "POSTSCALE");
-      s = ctx.device->Finalize(ctx.device_lane, dtype, output, count, divisor,
-                               first.postscale);
+      s = ctx.device->CopyFinalized(ctx.device_lane, dtype, {{output, output, count}}, divisor,
+                                    first.postscale);
       if (!s.ok()) return s;
     }
     return ReleaseStreams(ctx, batch);
@@ -111,7 +105,8 @@ Status RunDeviceAllreduce(ExecContext& ctx, const std::vector<PendingOp*>& batch
   if (!s.ok()) return s;
   {
     Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, 1.0, /*into=*/false, first.reduce_op);
+    s = PackOrUnpack(ctx, tensors, plan, buffer, dtype, divisor, first.postscale,
+                     /*into=*/false, first.reduce_op);
     if (!s.ok()) return s;
   }
   return ReleaseStreams(ctx, batch);
@@ -183,18 +178,12 @@ Status ReduceScatterInBlocks(ExecContext& ctx, const std::vector<PendingOp*>& ba
     if (!s.ok()) return s;
     ctx.device_comm_called = true;
   }
-  const int divisor = Divisor(first, size);
-  if (divisor != 1 || first.postscale != 1.0) {
-    Activity scale(ctx, batch, "POSTSCALE");
-    s = ctx.device->Finalize(ctx.device_lane, dtype, mine, block_count, divisor, first.postscale);
-    if (!s.ok()) return s;
-  }
   std::vector<DeviceCopy> out;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const int64_t count = piece_bytes[i] / element;
     if (outputs[i] != nullptr && count > 0) out.push_back({mine + block.offsets[i], outputs[i], count});
   }
-  return CopyOut(ctx, batch, dtype, out);
+  return CopyOut(ctx, batch, dtype, out, Divisor(first, size), first.postscale);
 }
 
 // Uneven rows: the whole tensors are reduced in a fused buffer, and each
@@ -202,7 +191,8 @@ Status ReduceScatterInBlocks(ExecContext& ctx, const std::vector<PendingOp*>& ba
 Status ReduceScatterWhole(ExecContext& ctx, const std::vector<PendingOp*>& batch,
                           const std::vector<TensorRef*>& tensors,
                           const std::vector<void*>& outputs) {
-  const DataType dtype = batch[0]->request.dtypes[0];
+  const Request& first = batch[0]->request;
+  const DataType dtype = first.dtypes[0];
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
   const int size = ctx.mpi.size();
   const int me = ctx.mpi.rank();
@@ -223,7 +213,8 @@ Status ReduceScatterWhole(ExecContext& ctx, const std::vector<PendingOp*>& batch
                      rows * row_elements});
     }
   }
-  return CopyOut(ctx, batch, dtype, out);
+  // Only this rank's rows are averaged, on their way out.
+  return CopyOut(ctx, batch, dtype, out, Divisor(first, size), first.postscale);
 }
 
 }  // namespace

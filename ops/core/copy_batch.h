@@ -19,6 +19,9 @@ struct CopyBatch {
   // Elements of the launch's dtype (bytes for the plain byte copy).
   int64_t count[kMaxCopiesPerLaunch];
   int32_t copies;
+  // dst = src / divisor * factor where divisor > 1 (the output stage of an
+  // average), else src * factor.
+  int32_t divisor;
   double factor;
 };
 

@@ -111,9 +111,12 @@ class Device {
   // copies; one kernel launch serves up to kMaxCopiesPerLaunch of them.
   virtual Status CopyScaled(const DeviceLane& where, DataType dtype,
                             const std::vector<DeviceCopy>& copies, double factor) = 0;
-  // data = data / divisor * factor (integer division when factor is 1).
-  virtual Status Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count,
-                          int divisor, double factor) = 0;
+  // dst = src / divisor * factor for every copy (integer division when
+  // factor is 1; src may be dst): an average's division and postscale folded
+  // into the copy out of a fused buffer, so they cost no pass of their own.
+  virtual Status CopyFinalized(const DeviceLane& where, DataType dtype,
+                               const std::vector<DeviceCopy>& copies, int divisor,
+                               double factor) = 0;
   // Fills `count` elements with the neutral element of `op`.
   virtual Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
                              int64_t count) = 0;

@@ -214,13 +214,17 @@ void DeviceSession::EndCommunicator(bool abort) {
 }
 
 void DeviceSession::Fail(const Status& why) {
-  EndCommunicator(/*abort=*/true);
-  if (failure_.ok()) {
-    failure_reason_ = why.message;
-    failure_ = Status::Error(StatusCode::kAborted,
-                             "GPU collectives stopped on this rank after one failed: " +
-                                 why.message);
-  }
+  if (!failure_.ok()) return;  // the first reason is the one kept
+  failure_reason_ = why.message;
+  failure_ = Status::Error(StatusCode::kAborted,
+                           "GPU collectives stopped on this rank after one failed: " +
+                               why.message);
+  // Note [a failed GPU batch ends every rank]: the communicator stays until
+  // the agreed stop aborts it on every rank at once (Close). What this rank
+  // queued before the failure finishes first, bounded by kDeviceWaitSeconds:
+  // the batches whose completion every rank was told of are whole on every
+  // rank, also here. A drain that fails or runs out changes nothing more.
+  if (device_ != nullptr && comm_) device_->Synchronize(lane());
 }
 
 void DeviceSession::Close(bool collective) {

@@ -22,13 +22,18 @@ namespace hvdkeras {
 // growth out of memory, a kernel launch, the call itself, a peer that
 // never connected) leaves that rank one call behind: the others' kernels
 // wait for it, and its next call would pair with their previous one (a
-// wrong sum when the sizes match, a hang when they do not). So such a
-// failure aborts this rank's communicator at once and the session keeps
-// the reason: no later GPU batch of this engine runs. The engine reports it
-// in its next negotiation (a status bit and then every rank's reason,
-// negotiation.cc), and every rank ends its engine with an error naming the
-// failed ranks and aborts its own communicator, which frees the kernels
-// still waiting. A failure after the call (the average's scaling, copying
+// wrong sum when the sizes match, a hang when they do not). So the session
+// keeps the reason and no later GPU batch of this engine runs; the rank
+// waits, within a bound, for what it queued before (batches every rank was
+// told are done), and does not abort its communicator alone: an abort can
+// need every rank of the communicator, and one blocked in it would never
+// reach the negotiation that stops the others, nor may it cut short an
+// earlier batch the others already count as done. The engine reports the
+// failure in its next negotiation (a status bit and then every rank's
+// reason, negotiation.cc), and every rank ends its engine with an error
+// naming the failed ranks and aborts its own communicator (Close without
+// `collective`), all at the same point, which frees the kernels still
+// waiting. A failure after the call (the average's scaling, copying
 // out) or an output the framework could not allocate (Note [a failed output
 // allocation still takes part] in collectives.h) keeps the calls in step
 // and fails only that batch.
@@ -83,8 +88,10 @@ class DeviceSession {
   // error the communicator is aborted and the session closed. No wait.
   Status Health();
   // A batch failed with its communicator calls out of step with the other
-  // ranks': aborts the communicator now and refuses every later batch (Note
-  // [a failed GPU batch ends every rank]). The first reason is kept.
+  // ranks': refuses every later batch and drains what was queued before,
+  // within kDeviceWaitSeconds; the communicator is aborted by the agreed
+  // stop (Close), on every rank together (Note [a failed GPU batch ends
+  // every rank]). The first reason is kept.
   void Fail(const Status& why);
   // OK, or why this rank's GPU collectives stopped (Fail), and the
   // failure itself ("" when none), for the other ranks.

@@ -67,9 +67,21 @@ std::vector<TensorRef*> TensorsOf(const std::vector<PendingOp*>& batch) {
   return tensors;
 }
 
+namespace {
+
+// dst = src / divisor * factor for every copy; a divisor of 1 only scales.
+Status Copy(ExecContext& ctx, DataType dtype, const std::vector<DeviceCopy>& copies, int divisor,
+            double factor) {
+  if (copies.empty()) return Status::OK();
+  return divisor > 1 ? ctx.device->CopyFinalized(ctx.device_lane, dtype, copies, divisor, factor)
+                     : ctx.device->CopyScaled(ctx.device_lane, dtype, copies, factor);
+}
+
+}  // namespace
+
 Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
-                    const PackingPlan& plan, char* buffer, DataType dtype, double factor,
-                    bool into, ReduceOp neutral_op) {
+                    const PackingPlan& plan, char* buffer, DataType dtype, int divisor,
+                    double factor, bool into, ReduceOp neutral_op) {
   std::vector<DeviceCopy> copies;
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRef& t = *tensors[i];
@@ -85,15 +97,14 @@ Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
     copies.push_back(into ? DeviceCopy{t.input, slot, count}
                           : DeviceCopy{slot, t.output, count});
   }
-  return copies.empty() ? Status::OK()
-                        : ctx.device->CopyScaled(ctx.device_lane, dtype, copies, factor);
+  return Copy(ctx, dtype, copies, divisor, factor);
 }
 
 Status CopyOut(ExecContext& ctx, const std::vector<PendingOp*>& batch, DataType dtype,
-               const std::vector<DeviceCopy>& copies) {
+               const std::vector<DeviceCopy>& copies, int divisor, double factor) {
   if (copies.empty()) return Status::OK();
   Activity copy(ctx, batch, "MEMCPY_OUT_FUSION_BUFFER");
-  return ctx.device->CopyScaled(ctx.device_lane, dtype, copies, 1.0);
+  return Copy(ctx, dtype, copies, divisor, factor);
 }
 
 Status ReceiveBuffers(ExecContext& ctx, const std::vector<TensorRef*>& tensors,

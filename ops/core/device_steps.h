@@ -21,7 +21,7 @@ constexpr int64_t kDeviceAlignment = 256;
 enum ScratchSlot { kFusionSlot = 0, kNeutralSlot = 1 };
 
 // What the communicator reduces with: an average is a sum, divided on the
-// device afterwards (Finalize), exactly as the CPU path rounds it.
+// device afterwards (CopyFinalized), exactly as the CPU path rounds it.
 inline ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
 // The error for a GPU batch without a device (an engine bug).
@@ -41,17 +41,19 @@ Status ReleaseStreams(ExecContext& ctx, const std::vector<PendingOp*>& batch);
 
 std::vector<TensorRef*> TensorsOf(const std::vector<PendingOp*>& batch);
 
-// Copies (or scales) element ranges of the tensors into a fused buffer at
-// their planned offsets (`into`), or out of it. Stand-ins contribute the
-// neutral element and receive nothing.
+// Copies element ranges of the tensors into a fused buffer at their planned
+// offsets (`into`), or out of it, as src / divisor * factor (a divisor of 1
+// only scales: Device::CopyFinalized). Stand-ins contribute the neutral
+// element and receive nothing.
 Status PackOrUnpack(ExecContext& ctx, const std::vector<TensorRef*>& tensors,
-                    const PackingPlan& plan, char* buffer, DataType dtype, double factor,
-                    bool into, ReduceOp neutral_op);
+                    const PackingPlan& plan, char* buffer, DataType dtype, int divisor,
+                    double factor, bool into, ReduceOp neutral_op);
 
 // The fused buffer's pieces copied out to the outputs (`copies`, in
-// elements of `dtype`), timed as the unpack; nothing when there are none.
+// elements of `dtype`), divided and scaled on the way as PackOrUnpack does,
+// timed as the unpack; nothing when there are none.
 Status CopyOut(ExecContext& ctx, const std::vector<PendingOp*>& batch, DataType dtype,
-               const std::vector<DeviceCopy>& copies);
+               const std::vector<DeviceCopy>& copies, int divisor = 1, double factor = 1.0);
 
 // Where each tensor's received rows go: its output, allocated now by the
 // framework, or for a joined rank's stand-in (whose result is dropped) a

@@ -380,15 +380,15 @@ Status CudaDevice::CopyScaled(const DeviceLane& where, DataType dtype,
                               const std::vector<DeviceCopy>& copies, double factor) {
   PerLane* lane = nullptr;
   Status s = Enter(where, &lane);
-  return s.ok() ? lane->gpu->kernels.CopyScaled(dtype, copies, factor, lane->stream) : s;
+  return s.ok() ? lane->gpu->kernels.CopyScaled(dtype, copies, 1, factor, lane->stream) : s;
 }
 
-Status CudaDevice::Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count,
-                            int divisor, double factor) {
+Status CudaDevice::CopyFinalized(const DeviceLane& where, DataType dtype,
+                                 const std::vector<DeviceCopy>& copies, int divisor,
+                                 double factor) {
   PerLane* lane = nullptr;
   Status s = Enter(where, &lane);
-  if (!s.ok() || count == 0) return s;
-  return lane->gpu->kernels.Finalize(dtype, data, count, divisor, factor, lane->stream);
+  return s.ok() ? lane->gpu->kernels.CopyScaled(dtype, copies, divisor, factor, lane->stream) : s;
 }
 
 Status CudaDevice::FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,

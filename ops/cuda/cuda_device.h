@@ -63,8 +63,8 @@ class CudaDevice : public Device {
   Status Scratch(const DeviceLane& where, int slot, int64_t bytes, void** data) override;
   Status CopyScaled(const DeviceLane& where, DataType dtype, const std::vector<DeviceCopy>& copies,
                     double factor) override;
-  Status Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count, int divisor,
-                  double factor) override;
+  Status CopyFinalized(const DeviceLane& where, DataType dtype,
+                       const std::vector<DeviceCopy>& copies, int divisor, double factor) override;
   Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
                      int64_t count) override;
   Status Zero(const DeviceLane& where, void* data, int64_t bytes) override;

@@ -236,12 +236,6 @@ Status Kernels::Load(const Runtime& rt, const Driver& driver, int device) {
                      "finding a copy kernel");
     if (s.ok()) {
       s = DriverStatus(driver,
-                       driver.cuModuleGetFunction(&typed_[i].finalize, module,
-                                                  ("hvdkeras_finalize_" + suffix).c_str()),
-                       "finding a finalize kernel");
-    }
-    if (s.ok()) {
-      s = DriverStatus(driver,
                        driver.cuModuleGetFunction(&typed_[i].fill, module,
                                                   ("hvdkeras_fill_" + suffix).c_str()),
                        "finding a fill kernel");
@@ -270,9 +264,9 @@ Status Kernels::Launch(CUfunction f, int64_t elements, unsigned int copies, void
                       "launching a kernel");
 }
 
-Status Kernels::CopyScaled(DataType dtype, const std::vector<DeviceCopy>& copies, double factor,
-                           cudaStream_t stream) const {
-  const bool plain = factor == 1.0;
+Status Kernels::CopyScaled(DataType dtype, const std::vector<DeviceCopy>& copies, int divisor,
+                           double factor, cudaStream_t stream) const {
+  const bool plain = factor == 1.0 && divisor <= 1;
   const Typed* typed = TypedFor(dtype);
   if (!plain && typed == nullptr) return Failed("no kernel for this dtype");
   const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
@@ -280,6 +274,7 @@ Status Kernels::CopyScaled(DataType dtype, const std::vector<DeviceCopy>& copies
     const size_t n = std::min<size_t>(kMaxCopiesPerLaunch, copies.size() - first);
     CopyBatch batch{};
     batch.copies = static_cast<int32_t>(n);
+    batch.divisor = divisor;
     batch.factor = factor;
     int64_t largest = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -296,14 +291,6 @@ Status Kernels::CopyScaled(DataType dtype, const std::vector<DeviceCopy>& copies
     if (!s.ok()) return s;
   }
   return Status::OK();
-}
-
-Status Kernels::Finalize(DataType dtype, void* data, int64_t count, int divisor, double factor,
-                         cudaStream_t stream) const {
-  const Typed* typed = TypedFor(dtype);
-  if (typed == nullptr) return Failed("no kernel for this dtype");
-  void* params[] = {&data, &count, &divisor, &factor};
-  return Launch(typed->finalize, count, 1, params, stream);
 }
 
 Status Kernels::Fill(DataType dtype, void* data, int64_t count, int neutral_kind,

@@ -32,18 +32,17 @@ class Kernels {
   // them, else compiled (and then kept in the cache).
   Status Load(const Runtime& rt, const Driver& driver, int device);
 
-  // One launch per kMaxCopiesPerLaunch copies; a factor of 1 copies bytes.
-  Status CopyScaled(DataType dtype, const std::vector<DeviceCopy>& copies, double factor,
-                    cudaStream_t stream) const;
-  Status Finalize(DataType dtype, void* data, int64_t count, int divisor, double factor,
-                  cudaStream_t stream) const;
+  // One launch per kMaxCopiesPerLaunch copies: dst = src / divisor * factor
+  // (Device::CopyFinalized's rule) where divisor > 1, else src * factor; a
+  // factor and divisor of 1 copy bytes.
+  Status CopyScaled(DataType dtype, const std::vector<DeviceCopy>& copies, int divisor,
+                    double factor, cudaStream_t stream) const;
   Status Fill(DataType dtype, void* data, int64_t count, int neutral_kind,
               cudaStream_t stream) const;
 
  private:
   struct Typed {
     CUfunction copy_scaled = nullptr;
-    CUfunction finalize = nullptr;
     CUfunction fill = nullptr;
   };
   const Typed* TypedFor(DataType dtype) const;

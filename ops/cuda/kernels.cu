@@ -1,5 +1,5 @@
-// The engine's GPU kernels: batched copies (plain or scaled) into and out of
-// fused buffers, the averaging and postscale stage, and the neutral fill of a
+// The engine's GPU kernels: batched copies (plain, scaled, or averaged and
+// postscaled on their way out of a fused buffer) and the neutral fill of a
 // joined rank. Compiled at run time by NVRTC for the GPU in use
 // (cuda_kernels.cc), from this file and the core headers it includes, which
 // are built into the library as text; the element arithmetic is the CPU
@@ -23,13 +23,12 @@ __device__ void CopyScaled(const CopyBatch& batch) {
   const T* src = static_cast<const T*>(batch.src[c]);
   T* dst = static_cast<T*>(batch.dst[c]);
   const int64_t n = batch.count[c];
-  for (int64_t i = FirstIndex(); i < n; i += Stride()) dst[i] = ScaleElement(src[i], batch.factor);
-}
-
-template <typename T>
-__device__ void FinalizeAll(T* data, int64_t count, int divisor, double factor) {
-  for (int64_t i = FirstIndex(); i < count; i += Stride()) {
-    data[i] = FinalizeElement(data[i], divisor, factor);
+  if (batch.divisor > 1) {
+    for (int64_t i = FirstIndex(); i < n; i += Stride()) {
+      dst[i] = FinalizeElement(src[i], batch.divisor, batch.factor);
+    }
+  } else {
+    for (int64_t i = FirstIndex(); i < n; i += Stride()) dst[i] = ScaleElement(src[i], batch.factor);
   }
 }
 
@@ -68,10 +67,6 @@ extern "C" __global__ void hvdkeras_copy_bytes(CopyBatch batch) {
 #define HVDKERAS_TYPED_KERNELS(type, suffix)                                              \
   extern "C" __global__ void hvdkeras_copy_scaled_##suffix(CopyBatch batch) {             \
     CopyScaled<type>(batch);                                                              \
-  }                                                                                       \
-  extern "C" __global__ void hvdkeras_finalize_##suffix(void* data, int64_t count,        \
-                                                        int divisor, double factor) {     \
-    FinalizeAll<type>(static_cast<type*>(data), count, divisor, factor);                  \
   }                                                                                       \
   extern "C" __global__ void hvdkeras_fill_##suffix(void* data, int64_t count, int kind) { \
     FillAll<type>(static_cast<type*>(data), count, kind);                                 \

@@ -85,9 +85,13 @@ class HostDevice : public hvdkeras::Device {
     for (const DeviceCopy& c : copies) hvdkeras::ScaleCopy(dtype, c.src, c.dst, c.count, factor);
     return Status::OK();
   }
-  Status Finalize(const hvdkeras::DeviceLane&, DataType dtype, void* data, int64_t count,
-                  int divisor, double factor) override {
-    hvdkeras::FinalizeCopy(dtype, data, data, count, divisor, factor);
+  Status CopyFinalized(const hvdkeras::DeviceLane&, DataType dtype,
+                       const std::vector<DeviceCopy>& copies, int divisor,
+                       double factor) override {
+    g_log.push_back("copy");
+    for (const DeviceCopy& c : copies) {
+      hvdkeras::FinalizeCopy(dtype, c.src, c.dst, c.count, divisor, factor);
+    }
     return Status::OK();
   }
   Status FillNeutral(const hvdkeras::DeviceLane&, DataType dtype, ReduceOp op, void* data,
@@ -312,6 +316,11 @@ TEST(FusedAllreduceOverOddSizesScalesAndAverages) {
     }
   }
   CheckReleased({reinterpret_cast<void*>(101), reinterpret_cast<void*>(102)});
+  // The average and the postscale ride on the unpack: after the reduction
+  // the fused buffer is read once, by one batch of copies.
+  const auto reduced = std::find(g_log.begin(), g_log.end(), "allreduce");
+  CHECK(reduced != g_log.end());
+  CHECK_EQ(static_cast<int>(std::count(reduced, g_log.end(), std::string("copy"))), 1);
 }
 
 TEST(FusedAllreduceOfIntegersAndHalves) {
@@ -529,31 +538,34 @@ TEST(AlltoallSendsEachRankItsRows) {
 
 TEST(ReducescatterKeepsThisRanksRows) {
   World& w = W();
-  g_log.clear();
   const int64_t rows = 7, width = 2;
-  std::vector<float> values;
-  for (int64_t i = 0; i < rows * width; ++i) values.push_back(static_cast<float>(i % 6 + w.rank()));
-  auto t = MakeTensor(values, {rows, width}, DataType::kFloat32, false,
-                      reinterpret_cast<void*>(41), /*lazy_output=*/true);
-  hvdkeras::PendingOp op = MakeOp(OpType::kReducescatter, {t.get()}, ReduceOp::kSum, 0.5, 4.0);
-  hvdkeras::ExecContext ctx = w.Context();
-  CHECK(hvdkeras::RunDeviceReducescatter(ctx, {&op}).ok());
-  int64_t first = 0;
-  for (int r = 0; r < w.rank(); ++r) first += hvdkeras::ScatterRows(rows, w.size(), r);
-  const int64_t mine = hvdkeras::ScatterRows(rows, w.size(), w.rank());
-  std::vector<float> expected;
-  for (int64_t i = first * width; i < (first + mine) * width; ++i) {
-    float sum = 0;
-    for (int r = 0; r < w.size(); ++r) sum += 0.5f * static_cast<float>(i % 6 + r);
-    expected.push_back(sum * 4.0f);
+  for (ReduceOp reduce : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    g_log.clear();
+    std::vector<float> values;
+    for (int64_t i = 0; i < rows * width; ++i) values.push_back(static_cast<float>(i % 6 + w.rank()));
+    auto t = MakeTensor(values, {rows, width}, DataType::kFloat32, false,
+                        reinterpret_cast<void*>(41), /*lazy_output=*/true);
+    hvdkeras::PendingOp op = MakeOp(OpType::kReducescatter, {t.get()}, reduce, 0.5, 4.0);
+    hvdkeras::ExecContext ctx = w.Context();
+    CHECK(hvdkeras::RunDeviceReducescatter(ctx, {&op}).ok());
+    int64_t first = 0;
+    for (int r = 0; r < w.rank(); ++r) first += hvdkeras::ScatterRows(rows, w.size(), r);
+    const int64_t mine = hvdkeras::ScatterRows(rows, w.size(), w.rank());
+    const int divisor = reduce == ReduceOp::kAverage ? w.size() : 1;
+    std::vector<float> expected;
+    for (int64_t i = first * width; i < (first + mine) * width; ++i) {
+      float sum = 0;
+      for (int r = 0; r < w.size(); ++r) sum += 0.5f * static_cast<float>(i % 6 + r);
+      expected.push_back(static_cast<float>(static_cast<double>(sum) / divisor * 4.0));
+    }
+    std::vector<float> got = Values<float>(*t, false);
+    got.resize(expected.size());
+    CHECK_EQ(got, expected);
+    // 7 rows divide over one rank only: uneven rows reduce the whole tensor.
+    const bool whole = rows % w.size() != 0;
+    CHECK_EQ(std::find(g_log.begin(), g_log.end(), "allreduce") != g_log.end(), whole);
+    CheckReleased({reinterpret_cast<void*>(41)});
   }
-  std::vector<float> got = Values<float>(*t, false);
-  got.resize(expected.size());
-  CHECK_EQ(got, expected);
-  // 7 rows divide over one rank only: uneven rows reduce the whole tensor.
-  const bool whole = rows % w.size() != 0;
-  CHECK_EQ(std::find(g_log.begin(), g_log.end(), "allreduce") != g_log.end(), whole);
-  CheckReleased({reinterpret_cast<void*>(41)});
 }
 
 TEST(ReducescatterOfEqualBlocksIsOneReduceScatter) {

@@ -168,9 +168,12 @@ class LaneDevice : public hvdkeras::Device {
     for (const DeviceCopy& c : copies) hvdkeras::ScaleCopy(dtype, c.src, c.dst, c.count, factor);
     return Use(where);
   }
-  Status Finalize(const DeviceLane& where, DataType dtype, void* data, int64_t count,
-                  int divisor, double factor) override {
-    hvdkeras::FinalizeCopy(dtype, data, data, count, divisor, factor);
+  Status CopyFinalized(const DeviceLane& where, DataType dtype,
+                       const std::vector<DeviceCopy>& copies, int divisor,
+                       double factor) override {
+    for (const DeviceCopy& c : copies) {
+      hvdkeras::FinalizeCopy(dtype, c.src, c.dst, c.count, divisor, factor);
+    }
     return Use(where);
   }
   Status FillNeutral(const DeviceLane& where, DataType dtype, ReduceOp op, void* data,
@@ -734,6 +737,7 @@ TEST(AGpuBatchFailingOnOneRankEndsEveryRankWithTheReason) {
   CHECK(hvdkeras::EnqueueAllreduce(alone, {waiting.Ref(8, 1.0f, FakeStream(4))}, ReduceOp::kSum,
                                    1.0, 1.0, 0, waiting.Done(alone))
             .ok());
+  ClearLog();
   SetFailing("scratch", failing);
   Op a, b;
   CHECK(hvdkeras::EnqueueAllreduce("batch.fused",
@@ -746,6 +750,11 @@ TEST(AGpuBatchFailingOnOneRankEndsEveryRankWithTheReason) {
   if (failing) {
     CHECK(!fused.ok());
     CHECK(fused.message.find("injected failure in scratch growth") != std::string::npos);
+    // The failed rank drained its lane and left its communicator to the
+    // agreed stop: the others are still in their call (3 s here), so no
+    // abort can have come from that stop yet.
+    CHECK(Find("synchronize") != std::string::npos);
+    CHECK(Find("abort") == std::string::npos);
   }
   const Status s = waiting.Wait();
   CHECK(!s.ok());
@@ -753,7 +762,11 @@ TEST(AGpuBatchFailingOnOneRankEndsEveryRankWithTheReason) {
   CHECK(s.message.find(culprit) != std::string::npos);
   CHECK(s.message.find("'batch.fused'") != std::string::npos);
   CHECK(s.message.find("injected failure in scratch growth") != std::string::npos);
-  for (int i = 0; i < 300 && hvdkeras::Engine::Instance().running(); ++i) {
+  // Every rank aborts as its engine closes, just after the error reached
+  // the waiting ops.
+  for (int i = 0; i < 300 && (hvdkeras::Engine::Instance().running() ||
+                              Find("abort") == std::string::npos);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   CHECK(!hvdkeras::Engine::Instance().running());
