@@ -148,7 +148,6 @@ class HubTransport : public NegotiationTransport {
   ExchangeCounts counts;
 
  private:
-
   Hub* hub_;
   int rank_;
   int size_;
@@ -202,15 +201,15 @@ void RunRank(RankRun* run) {
   negotiator.Reset(&transport, config);
   PendingOps pending;
   std::mt19937_64 random(job.seed * 1000003u + static_cast<uint64_t>(run->rank));
-  const bool straggler = run->rank >= job.ranks - job.stragglers;
+  // A straggler hands each step over a cycle late.
+  const int late = run->rank >= job.ranks - job.stragglers ? 1 : 0;
+  const int spread = std::min(std::max(1, job.arrival_cycles), std::max(1, job.tensors));
   for (int step = 0; step < job.steps; ++step) {
     std::vector<int> order(job.tensors);
     for (int t = 0; t < job.tensors; ++t) order[t] = t;
     if (job.shuffled) std::shuffle(order.begin(), order.end(), random);
     int done = 0;
     for (int cycle = 0; done < job.tensors; ++cycle) {
-      const int late = straggler ? 1 : 0;
-      const int spread = std::min(std::max(1, job.arrival_cycles), std::max(1, job.tensors));
       if (cycle >= late && cycle < late + spread) {
         // This cycle's share of the step's tensors, in this rank's order.
         const int part = cycle - late;

@@ -27,10 +27,9 @@ struct VirtualJob {
   // engine's cycles.
   int arrival_cycles = 1;
   // Rank 0's thread on a core of its own and the others on the rest (where
-  // the process may use 2 or more): a real rank 0 has its core to itself,
-  // and rank 0's caches are then not cleared by thousands of other ranks
-  // between two of its cycles, which would measure the stand-in, not the
-  // negotiation.
+  // the process may use 2 or more), as a real rank 0 has its core to itself
+  // (docs/scaling.md: at 64 and 16,384 ranks the medians with and without
+  // it were within their run-to-run spread).
   bool rank0_own_core = true;
 };
 
