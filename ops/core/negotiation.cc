@@ -129,21 +129,23 @@ Agreement Negotiator::Negotiate(const PendingOps& pending, const CycleSignals& s
     bits[hits + slot / 64] &= ~(uint64_t{1} << (slot % 64));
     if (slot < cache_.num_slots()) cache_.Erase(static_cast<int>(slot));
   }
-  std::vector<std::pair<int, PendingOp*>> by_slot;  // cache hits in slot order
+  // The agreed hits, in slot order (the same on every rank). An op whose
+  // bit some rank has not set yet keeps its slot for the next cycle; one
+  // whose entry was just erased goes to the coordinator.
+  std::vector<std::pair<int, PendingOp*>> by_slot;
   for (const auto& op : pending.all()) {
     if (op->sent || op->cache_slot < 0) continue;
-    if (joined_anywhere || cache_.Lookup(op->request.name) != op->cache_slot) {
+    if (joined_anywhere || (any_invalidated && !cache_.Unchanged(op->cache_slot,
+                                                                 op->slot_version))) {
       op->cache_slot = -1;
-    } else {
+    } else if (BitSet(bits, hits, static_cast<size_t>(op->cache_slot))) {
       by_slot.emplace_back(op->cache_slot, op.get());
     }
   }
   std::sort(by_slot.begin(), by_slot.end());
   for (const auto& [slot, op] : by_slot) {
-    if (BitSet(bits, hits, static_cast<size_t>(slot))) {
-      op->response = cache_.SharedResponse(slot);
-      agreement.ready.push_back(op);
-    }
+    op->response = cache_.SharedResponse(slot);
+    agreement.ready.push_back(op);
   }
   agreement.cached_count = agreement.ready.size();
 
@@ -222,18 +224,38 @@ void Negotiator::Classify(const PendingOps& pending, Clock::time_point now) {
     if (limit > 0) demote_after = demote_after > 0 ? std::min(demote_after, limit) : limit;
   }
   demote_after *= 0.25;
+  // Note [classified once]
+  // ~~~~~~~~~~~~~~~~~~~~~~~
+  // Ranks hand a step's ops over out of step with each other, so an op can
+  // wait several cycles for its bit on the others; looking its name up and
+  // comparing its signature again each cycle made the steady step's CPU grow
+  // with the cycles it took. An op keeps the slot it found while that slot's
+  // version (ResponseCache::Version) is unchanged: nothing can put another
+  // entry in it or erase it without changing the version, so the slot still
+  // means this op's entry on every rank (Note [identical response caches]).
+  // Only an op with a slot persists past a cycle: one without goes to the
+  // coordinator in the cycle it was classified.
+  const std::chrono::duration<double> demote_wait(demote_after);
   for (const auto& op : pending.all()) {
     if (op->sent) continue;
-    op->cache_slot = -1;
-    if (joined_ || op->request.op_type == OpType::kJoin) continue;
-    const int slot = cache_.Lookup(op->request.name);
-    if (slot < 0) continue;
-    const double waited = std::chrono::duration<double>(now - op->enqueued).count();
-    if (!cache_.Signature(slot).SameSignature(op->request) ||
-        (demote_after > 0 && waited > demote_after)) {
-      invalid_slots_.push_back(static_cast<uint64_t>(slot));
-    } else {
+    if (joined_ || op->request.op_type == OpType::kJoin) {
+      op->cache_slot = -1;
+      continue;
+    }
+    if (!cache_.Unchanged(op->cache_slot, op->slot_version)) {
+      op->cache_slot = -1;
+      const int slot = cache_.Lookup(op->request.name);
+      if (slot < 0) continue;
+      if (!cache_.Signature(slot).SameSignature(op->request)) {
+        invalid_slots_.push_back(static_cast<uint64_t>(slot));
+        continue;
+      }
       op->cache_slot = slot;
+      op->slot_version = cache_.Version(slot);
+    }
+    if (demote_after > 0 && now - op->enqueued > demote_wait) {
+      invalid_slots_.push_back(static_cast<uint64_t>(op->cache_slot));
+      op->cache_slot = -1;
     }
   }
 }

@@ -43,6 +43,7 @@ struct PendingOp {
   std::shared_ptr<const Response> response;  // what the ranks agreed on (shared with the cache)
   int32_t* join_result = nullptr;     // join: where the last joined rank goes
   int cache_slot = -1;                // slot announced on the fast path, or -1
+  uint64_t slot_version = 0;          // the slot's version when it was found (Note [classified once])
   bool sent = false;                  // sent to the coordinator
   bool finished = false;              // executed or failed; its callback is due
   std::chrono::steady_clock::time_point enqueued;
@@ -64,6 +65,7 @@ struct PendingOp {
     response.reset();
     join_result = nullptr;
     cache_slot = -1;
+    slot_version = 0;
     sent = false;
     finished = false;
     scratch.clear();

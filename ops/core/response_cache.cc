@@ -16,6 +16,7 @@ void ResponseCache::Put(const Request& signature, std::shared_ptr<const Response
   if (slot >= 0) {
     slots_[slot].signature = signature;
     slots_[slot].response = std::move(response);
+    slots_[slot].version = ++changes_;
     Touch(slot);
     return;
   }
@@ -26,6 +27,7 @@ void ResponseCache::Put(const Request& signature, std::shared_ptr<const Response
   slot = AllocateSlot();
   Slot& s = slots_[slot];
   s.used = true;
+  s.version = ++changes_;
   s.signature = signature;
   s.response = std::move(response);
   lru_.push_front(slot);
@@ -45,6 +47,7 @@ void ResponseCache::Erase(int slot) {
   by_name_.erase(s.signature.name);
   lru_.erase(s.lru_position);
   s.used = false;
+  s.version = ++changes_;
   s.signature = Request();
   s.response = std::make_shared<const Response>();
   free_slots_.push_back(slot);

@@ -13,6 +13,7 @@
 // tensor.
 #pragma once
 
+#include <cstdint>
 #include <list>
 #include <memory>
 #include <string>
@@ -40,6 +41,16 @@ class ResponseCache {
   // Slot of the cached entry with this name, or -1.
   int Lookup(const std::string& name) const;
   const Request& Signature(int slot) const { return slots_[slot].signature; }
+  // Names the content a slot holds now: it changes whenever the slot is put
+  // or erased, so an op that found its entry at version v may keep using
+  // the slot without looking its name up again while the version stays v
+  // (Note [classified once]).
+  uint64_t Version(int slot) const { return slots_[slot].version; }
+  // True while `slot` holds the entry it held at `version`.
+  bool Unchanged(int slot, uint64_t version) const {
+    return slot >= 0 && static_cast<size_t>(slot) < slots_.size() && slots_[slot].used &&
+           slots_[slot].version == version;
+  }
   const Response& CachedResponse(int slot) const { return *slots_[slot].response; }
   // The same response, shared: a hit costs one reference, not a copy.
   const std::shared_ptr<const Response>& SharedResponse(int slot) const {
@@ -61,6 +72,7 @@ class ResponseCache {
  private:
   struct Slot {
     bool used = false;
+    uint64_t version = 0;
     Request signature;
     std::shared_ptr<const Response> response = std::make_shared<const Response>();
     std::list<int>::iterator lru_position;
@@ -72,6 +84,7 @@ class ResponseCache {
   std::vector<Slot> slots_;
   std::vector<int> free_slots_;  // a min-heap: the smallest free slot is reused first
   size_t evictions_ = 0;
+  uint64_t changes_ = 0;         // the last version handed out
   std::list<int> lru_;           // front = most recently used
   std::unordered_map<std::string, int> by_name_;
 };

@@ -277,4 +277,33 @@ TEST(CacheIdenticalUnderSameSequence) {
   }
 }
 
+// Note [classified once]: an op may keep its slot only while the slot holds
+// the entry it found, so every change to a slot must change its version.
+TEST(CacheVersionChangesWithEveryPutAndEraseOfItsSlot) {
+  hvdkeras::ResponseCache cache(2);
+  PutReq(cache, MakeRequest("a", {2}));
+  PutReq(cache, MakeRequest("b", {2}));
+  const uint64_t a = cache.Version(0), b = cache.Version(1);
+  CHECK(cache.Unchanged(0, a));
+  CHECK(cache.Unchanged(1, b));
+  CHECK(!cache.Unchanged(-1, a));
+  CHECK(!cache.Unchanged(5, a));
+  cache.Touch(0);  // use alone changes nothing
+  CHECK(cache.Unchanged(0, a));
+  PutReq(cache, MakeRequest("a", {3}));  // refreshed in place
+  CHECK_EQ(cache.Lookup("a"), 0);
+  CHECK(!cache.Unchanged(0, a));
+  CHECK(cache.Unchanged(1, b));
+  const uint64_t a2 = cache.Version(0);
+  cache.Erase(0);
+  CHECK(!cache.Unchanged(0, a2));
+  PutReq(cache, MakeRequest("c", {2}));  // reuses slot 0 for another name
+  CHECK_EQ(cache.Lookup("c"), 0);
+  CHECK(!cache.Unchanged(0, a2));
+  CHECK(!cache.Unchanged(0, a));
+  PutReq(cache, MakeRequest("d", {2}));  // full: evicts b, the least recent
+  CHECK_EQ(cache.Lookup("b"), -1);
+  CHECK(!cache.Unchanged(1, b));
+}
+
 }  // namespace
