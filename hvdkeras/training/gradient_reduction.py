@@ -182,9 +182,16 @@ def positions_of(groups: Sequence[Sequence], variables: Sequence) -> List[List[i
 def _buckets_wanted(settings: ReductionSettings) -> bool:
     """Whether the default grouping is gradient buckets (Note [gradient
     buckets]): Average or Sum (Adasum combines a group as a whole), and the
-    ranks span hosts unless `HVDKERAS_BACKWARD_OVERLAP` says otherwise."""
+    ranks span hosts or the step runs on GPUs, unless
+    `HVDKERAS_BACKWARD_OVERLAP` says otherwise (`buckets.overlap_wanted`).
+    TensorFlow places a step's ops on a visible GPU by default, so a rank
+    that sees one reduces GPU gradients; every rank of a job sees the same
+    kind, which keeps the answer, and so the requests' names, the same on
+    every rank."""
     w = world.require()
-    return settings.op in (Average, Sum) and buckets.overlap_wanted(w.local_size, w.size)
+    on_gpus = bool(tf.config.list_logical_devices("GPU"))
+    return settings.op in (Average, Sum) and buckets.overlap_wanted(
+        w.local_size, w.size, on_gpus=on_gpus)
 
 
 def bucket_groups(gradients: Sequence, positions: Sequence[int]) -> List[List[int]]:
