@@ -23,7 +23,11 @@ single-float allreduces a step, all at once as a backward pass hands over
 its gradients, waits for them, and checks every result exactly against what
 each rank contributed. Step 1 is negotiated through rank 0 (new names);
 the later steps should be answered from the response cache by one small
-bit-vector allreduce per cycle.
+bit-vector allreduce per cycle. With `--framework jax` (or torch) every rank
+is a framework rank instead: Keras on that backend imported (its time is
+library_load_s), the engine started by hvdkeras.init() and the first
+collective made through the backend's own allreduce; the steps submit to
+the same engine as above.
 
 It prints (one JSON object with `--json`):
   startup_s: launch to the first collective done on every rank, split into
@@ -76,7 +80,7 @@ LINK_FLAG = "--link-program"
 LAUNCHED_AT = "HVDKERAS_BENCH_LAUNCHED_AT"
 
 
-def _rank_program(tensors: int, steps: int) -> None:
+def _rank_program(tensors: int, steps: int, framework: str) -> None:
     """One rank of the real run; rank 0 prints the JSON line."""
     launched = float(os.environ[LAUNCHED_AT])
     from mpi4py import MPI
@@ -88,14 +92,29 @@ def _rank_program(tensors: int, steps: int) -> None:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     mpi_ready = time.time()
-    lib = library.engine_handle()
-    loaded = time.time()
     config = engine_config_from_env()
-    engine_comm = comm.Dup()
-    comm.Barrier()
-    engine_begin = time.time()
-    c_api.start(lib, engine_comm.py2f(), config)
-    engine_ready = time.time()
+    if framework:
+        # A framework rank: Keras on that backend and hvdkeras.init() start
+        # the engine, and the first collective goes through the backend's own
+        # allreduce; the steps below submit to the same engine.
+        os.environ["KERAS_BACKEND"] = framework
+        import keras
+        import hvdkeras as hvd
+
+        loaded = time.time()
+        comm.Barrier()
+        engine_begin = time.time()
+        hvd.init()
+        engine_ready = time.time()
+        lib = library.engine_handle()
+    else:
+        lib = library.engine_handle()
+        loaded = time.time()
+        engine_comm = comm.Dup()
+        comm.Barrier()
+        engine_begin = time.time()
+        c_api.start(lib, engine_comm.py2f(), config)
+        engine_ready = time.time()
     bound = config.stall_shutdown_seconds + 60.0
     dtype = next(d.value for d in library.vocabulary().dtypes if d.name == "float32")
     sum_op = types.Sum
@@ -125,8 +144,12 @@ def _rank_program(tensors: int, steps: int) -> None:
         return time.process_time() - time.thread_time()
 
     one = np.ones(1, np.float32)
-    requests.submit(requests.ALLREDUCE, "startup", [requests.Buffer(one.ctypes.data, (1,))],
-                    [one.ctypes.data], dtype, op=sum_op, keep=one).wait(bound).release()
+    if framework:
+        total = hvd.allreduce(keras.ops.ones((1,)), name="startup", op=hvd.Sum)
+        exact = float(keras.ops.convert_to_numpy(total)[0]) == size
+    else:
+        requests.submit(requests.ALLREDUCE, "startup", [requests.Buffer(one.ctypes.data, (1,))],
+                        [one.ctypes.data], dtype, op=sum_op, keep=one).wait(bound).release()
     first_done = comm.allreduce(time.time(), op=MPI.MAX)
     started = {"mpi_init_s": comm.allreduce(mpi_ready - launched, op=MPI.MAX),
                "library_load_s": comm.allreduce(loaded - mpi_ready, op=MPI.MAX),
@@ -190,10 +213,14 @@ def _rank_program(tensors: int, steps: int) -> None:
     exact = comm.allreduce(exact, op=MPI.LAND)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     sockets = c_api.liveness_sockets(lib)
-    lib.hvdkeras_engine_stop()
+    if framework:
+        hvd.shutdown()
+    else:
+        lib.hvdkeras_engine_stop()
     if rank == 0:
         print(json.dumps({
             "ranks": size, "tensors": tensors, "steps": steps, "exact": bool(exact),
+            "framework": framework or None,
             **{k: round(v, 4) for k, v in started.items()},
             "first_step_s": round(first_wall, 4),
             "first_step_rank0_cpu_s": round(first_cpu, 4),
@@ -214,7 +241,7 @@ def _rank_program(tensors: int, steps: int) -> None:
 
 
 def run_real(ranks: int, tensors: int, steps: int, extra_env: Dict[str, str],
-             timeout: float, lab: str = "", lab_hosts: int = 0) -> dict:
+             timeout: float, lab: str = "", lab_hosts: int = 0, framework: str = "") -> dict:
     """Launches the real run and returns rank 0's figures: on this machine, or
     with `lab` over the first `lab_hosts` hosts of that network-namespace lab
     (scripts/netlab.py), `ranks / lab_hosts` on each."""
@@ -233,7 +260,7 @@ def run_real(ranks: int, tensors: int, steps: int, extra_env: Dict[str, str],
         launcher = lab_launcher(lab, hosts, ranks)
     else:
         launcher = [str(mpiexec), "-n", str(ranks)]
-    cmd = [*launcher, sys.executable, __file__, RANK_FLAG, str(tensors), str(steps)]
+    cmd = [*launcher, sys.executable, __file__, RANK_FLAG, str(tensors), str(steps), framework]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -331,7 +358,7 @@ def predict_real(result: dict) -> dict:
 
 def main(argv: List[str]) -> int:
     if argv[:1] == [RANK_FLAG]:
-        _rank_program(int(argv[1]), int(argv[2]))
+        _rank_program(int(argv[1]), int(argv[2]), argv[3] if len(argv) > 3 else "")
         return 0
     if argv[:1] == [LINK_FLAG]:
         _link_program()
@@ -352,6 +379,10 @@ def main(argv: List[str]) -> int:
     real.add_argument("--lab", default="", help="run over this network-namespace lab's hosts "
                       "(scripts/netlab.py up --hosts H --name LAB)")
     real.add_argument("--lab-hosts", type=int, default=2, help="with --lab: hosts to use")
+    real.add_argument("--framework", choices=("jax", "torch"), default="",
+                      help="framework ranks: Keras on this backend in every rank, the engine "
+                      "started by hvdkeras.init() and the first collective through the "
+                      "backend's allreduce (about 430 MiB a rank under JAX)")
     simulated = parser.add_argument_group("--simulate only")
     simulated.add_argument("--stragglers", type=int, default=0,
                            help="ranks that submit each step one cycle late")
@@ -376,7 +407,7 @@ def main(argv: List[str]) -> int:
         if args.cache_capacity is not None:
             extra["HVDKERAS_CACHE_CAPACITY"] = str(args.cache_capacity)
         result = run_real(args.ranks, args.tensors, args.steps, extra, args.timeout,
-                          args.lab, args.lab_hosts)
+                          args.lab, args.lab_hosts, args.framework)
         result.pop("stderr")
         result.update(predict_real(result))
     if args.json:
