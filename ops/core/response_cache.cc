@@ -1,9 +1,18 @@
 #include "core/response_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 
 namespace hvdkeras {
+
+ResponseCache::ResponseCache(size_t capacity) : capacity_(capacity) {
+  // Each cache hands out versions from its own range, so an op that still
+  // holds a (slot, version) from an earlier cache can never match this one
+  // (Note [classified once]).
+  static std::atomic<uint64_t> next_range{1};
+  changes_ = next_range.fetch_add(1) << 40;
+}
 
 int ResponseCache::Lookup(const std::string& name) const {
   auto it = by_name_.find(name);

@@ -28,7 +28,7 @@ class ResponseCache {
  public:
   // Slots are made as entries arrive, so a cache holds (and its bit vector
   // spans) only what the job has used; `capacity` bounds that.
-  explicit ResponseCache(size_t capacity = 16384) : capacity_(capacity) {}
+  explicit ResponseCache(size_t capacity = 16384);
 
   size_t capacity() const { return capacity_; }
   size_t size() const { return by_name_.size(); }
@@ -84,7 +84,7 @@ class ResponseCache {
   std::vector<Slot> slots_;
   std::vector<int> free_slots_;  // a min-heap: the smallest free slot is reused first
   size_t evictions_ = 0;
-  uint64_t changes_ = 0;         // the last version handed out
+  uint64_t changes_;             // the last version handed out (see the constructor)
   std::list<int> lru_;           // front = most recently used
   std::unordered_map<std::string, int> by_name_;
 };
