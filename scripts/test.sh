@@ -120,7 +120,8 @@ leg_has_room() {
 # hosts; 208 s in a clean-clone run here). Allowance 300 s: the leg with room
 # for a slow day, so that running it never takes CI past the budget.
 if leg_has_room "the extended leg" HVDKERAS_EXTENDED_LEG HVDKERAS_EXTENDED_LEG_SECONDS 300; then
-  "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider -m extended || status=$?
+  "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider -m extended --durations=10 \
+    || status=$?
 fi
 
 # Third leg: the other Keras backends (tests/test_backends.py: torch and jax at
@@ -128,7 +129,7 @@ fi
 # recipe under each; about 8 minutes here; the main suite runs their
 # collectives on 2 ranks, tests/test_backends_smoke.py). Allowance 480 s.
 if leg_has_room "the backends leg" HVDKERAS_BACKENDS_LEG HVDKERAS_BACKENDS_LEG_SECONDS 480; then
-  "$VENV/bin/python" -m pytest tests/test_backends.py -q -rs || status=$?
+  "$VENV/bin/python" -m pytest tests/test_backends.py -q -rs --durations=15 || status=$?
 fi
 
 # Fourth leg: every other TensorFlow minor version hvdkeras supports, each in
