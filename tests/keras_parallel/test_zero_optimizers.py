@@ -6,6 +6,7 @@ Runs at 2 ranks (tests/test_keras_mpi.py) and at 4 (tests/test_zero.py)."""
 
 import functools
 import inspect
+import os
 
 import keras
 import numpy as np
@@ -86,9 +87,23 @@ def _references(kind):
     return want0, want1, _slot_bytes(unsharded)
 
 
+# Beyond 2 ranks (tests/test_zero.py's 4-rank run), the optimizers whose
+# update of a variable reads the whole variable (a factored or matrix
+# update, a trust ratio), Adam for the elementwise rest, and the two
+# wrappers. An elementwise optimizer's update of an element depends on that
+# element's gradients alone, so which rank owns it cannot change the result:
+# what more ranks change for those is the layout, which Adam's case checks.
+# HVDKERAS_ZERO_FOUR_RANKS_EVERYTHING=1 runs every optimizer at every size.
+WHOLE_VARIABLE_KINDS = ("Adafactor", "Adam", "Lamb", "Muon", "LossScaleOptimizer",
+                        "user_subclass")
+
+
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", BUILT_IN + ["LossScaleOptimizer", "user_subclass"])
 def test_matches_stage_0_and_one_process(kind, stage):
+    if (hvd.size() > 2 and kind not in WHOLE_VARIABLE_KINDS
+            and os.environ.get("HVDKERAS_ZERO_FOUR_RANKS_EVERYTHING") != "1"):
+        pytest.skip(f"{kind} is elementwise: beyond 2 ranks Adam's case covers its layout")
     want0, want1, unsharded_slot_bytes = _references(kind)
     grads = _gradients(MATCH_STEPS)
     sharded = hvd.DistributedOptimizer(_make(kind), zero_stage=stage, name=f"z{stage}{kind}")
