@@ -260,7 +260,8 @@ def run_real(ranks: int, tensors: int, steps: int, extra_env: Dict[str, str],
         launcher = lab_launcher(lab, hosts, ranks)
     else:
         launcher = [str(mpiexec), "-n", str(ranks)]
-    cmd = [*launcher, sys.executable, __file__, RANK_FLAG, str(tensors), str(steps), framework]
+    cmd = [*launcher, sys.executable, __file__, RANK_FLAG, str(tensors), str(steps),
+           *([framework] if framework else [])]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
