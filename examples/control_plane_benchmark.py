@@ -383,7 +383,7 @@ def main(argv: List[str]) -> int:
     real.add_argument("--framework", choices=("jax", "torch"), default="",
                       help="framework ranks: Keras on this backend in every rank, the engine "
                       "started by hvdkeras.init() and the first collective through the "
-                      "backend's allreduce (about 430 MiB a rank under JAX)")
+                      "backend's allreduce (about 380 MiB a rank under JAX)")
     simulated = parser.add_argument_group("--simulate only")
     simulated.add_argument("--stragglers", type=int, default=0,
                            help="ranks that submit each step one cycle late")

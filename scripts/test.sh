@@ -128,8 +128,8 @@ fi
 # 2 and 3 ranks, sharded optimizer state included, the quickstart and a
 # recipe under each; 456-827 s in clean-clone runs here; the main suite runs
 # their collectives on 2 ranks, tests/test_backends_smoke.py). Allowance
-# 900 s: what it took on a slow day, so that starting it never takes CI
-# past 90 minutes.
+# 900 s: room for a slow day, so that running it never takes CI past the
+# budget.
 if leg_has_room "the backends leg" HVDKERAS_BACKENDS_LEG HVDKERAS_BACKENDS_LEG_SECONDS 900; then
   "$VENV/bin/python" -m pytest tests/test_backends.py -q -rs --durations=15 || status=$?
 fi

@@ -48,7 +48,8 @@ ABORT_ON_ERROR = "HVDKERAS_ABORT_ON_ERROR"
 COLLECTIVE_GRADIENTS = "HVDKERAS_COLLECTIVE_GRADIENTS"
 COLLECTIVE_GRADIENT_CONVENTIONS = ("exact", "horovod")
 # Whether DistributedOptimizer reduces gradients in buckets while the backward
-# pass runs: auto (default: when the ranks span several hosts), 1 or 0; see
+# pass runs: auto (default: when the ranks span several hosts or the gradients
+# are on GPUs), 1 or 0; see
 # Note [gradient buckets] in hvdkeras/engine/buckets.py. The torch backend's
 # older name, when set, decides for torch (Note [reductions during the
 # backward pass] in hvdkeras/backends/torch/backward_overlap.py).

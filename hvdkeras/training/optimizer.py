@@ -160,10 +160,10 @@ def DistributedOptimizer(optimizer: Union[keras.optimizers.Optimizer, str],
         op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
         num_groups: Split the gradients into this many contiguous groups,
             one fused collective each. 0 (the default): one collective for
-            all on one host; when the ranks span hosts, buckets of about 25
-            MB in the order the backward pass produces them, each reduced
-            as soon as it is complete (`HVDKERAS_BACKWARD_OVERLAP`,
-            `HVDKERAS_BUCKET_BYTES`).
+            all on one host; when the ranks span hosts or the rank sees a
+            GPU, buckets of about 25 MB in the order the backward pass
+            produces them, each reduced as soon as it is complete
+            (`HVDKERAS_BACKWARD_OVERLAP`, `HVDKERAS_BUCKET_BYTES`).
         groups: Explicit groups as lists of variables (e.g. per layer); the
             variables not listed form one more group.
         device_dense: Accepted for Horovod scripts and not used: hvdkeras
