@@ -143,11 +143,11 @@ def _rank_program(tensors: int, steps: int, framework: str) -> None:
         engine's and the watchdog's."""
         return time.process_time() - time.thread_time()
 
-    one = np.ones(1, np.float32)
     if framework:
         total = hvd.allreduce(keras.ops.ones((1,)), name="startup", op=hvd.Sum)
         exact = float(keras.ops.convert_to_numpy(total)[0]) == size
     else:
+        one = np.ones(1, np.float32)
         requests.submit(requests.ALLREDUCE, "startup", [requests.Buffer(one.ctypes.data, (1,))],
                         [one.ctypes.data], dtype, op=sum_op, keep=one).wait(bound).release()
     first_done = comm.allreduce(time.time(), op=MPI.MAX)

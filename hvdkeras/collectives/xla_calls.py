@@ -7,7 +7,8 @@ target; the call's description is the text written here and parsed there.
 Allreduce and broadcast (static shapes) are supported; the collectives whose
 output shape depends on other ranks are not.
 
-What may import this module: `hvdkeras.collectives.kernels`.
+What may import this module: `hvdkeras.collectives.kernels`, and
+`hvdkeras.training` for `steps_on_gpu`.
 """
 
 from __future__ import annotations
@@ -72,11 +73,17 @@ def refusal_reason(targets: bool, gpu_targets: bool, on_gpu: bool, opted_in: boo
     return ""
 
 
+def steps_on_gpu() -> bool:
+    """Whether TensorFlow runs this rank's steps on a GPU: it places ops on a
+    visible GPU by default. Sets up TensorFlow's devices if nothing has yet."""
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
 def refusal() -> str:
     """`refusal_reason` for this process."""
     if not supported():
         return refusal_reason(False, False, False, False)
-    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    on_gpu = steps_on_gpu()
     return refusal_reason(True, on_gpu and gpu_supported(), on_gpu, gpu_opted_in())
 
 

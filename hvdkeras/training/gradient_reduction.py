@@ -17,6 +17,7 @@ from typing import AbstractSet, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from hvdkeras.collectives import xla_calls
 from hvdkeras.collectives.kernels import in_xla
 from hvdkeras.collectives.reduction import grouped_allreduce
 from hvdkeras.collectives.sparse import reduce_slices
@@ -184,14 +185,12 @@ def _buckets_wanted(settings: ReductionSettings) -> bool:
     buckets]): Average or Sum (Adasum combines a group as a whole), and the
     ranks span hosts or the step runs on GPUs, unless
     `HVDKERAS_BACKWARD_OVERLAP` says otherwise (`buckets.overlap_wanted`).
-    TensorFlow places a step's ops on a visible GPU by default, so a rank
-    that sees one reduces GPU gradients; every rank of a job sees the same
-    kind, which keeps the answer, and so the requests' names, the same on
-    every rank."""
+    Every rank of a job sees the same kind of device, which keeps the
+    answer, and so the requests' names, the same on every rank."""
+    if settings.op not in (Average, Sum):
+        return False
     w = world.require()
-    on_gpus = bool(tf.config.list_logical_devices("GPU"))
-    return settings.op in (Average, Sum) and buckets.overlap_wanted(
-        w.local_size, w.size, on_gpus=on_gpus)
+    return buckets.overlap_wanted(w.local_size, w.size, on_gpus=xla_calls.steps_on_gpu())
 
 
 def bucket_groups(gradients: Sequence, positions: Sequence[int]) -> List[List[int]]:

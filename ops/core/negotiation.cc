@@ -229,10 +229,11 @@ void Negotiator::Classify(const PendingOps& pending, Clock::time_point now) {
   // Ranks hand a step's ops over out of step with each other, so an op can
   // wait several cycles for its bit on the others; looking its name up and
   // comparing its signature again each cycle would make the steady step's
-  // CPU grow with the cycles it takes. An op keeps the slot it found while that slot's
-  // version (ResponseCache::Version) is unchanged: nothing can put another
-  // entry in it or erase it without changing the version, so the slot still
-  // means this op's entry on every rank (Note [identical response caches]).
+  // CPU grow with the cycles it takes. An op keeps the slot it found while
+  // that slot's version (ResponseCache::Version) is unchanged: nothing can
+  // put another entry in it or erase it without changing the version, so
+  // the slot still means this op's entry on every rank (Note [identical
+  // response caches]).
   // Only an op with a slot persists past a cycle: one without goes to the
   // coordinator in the cycle it was classified.
   const std::chrono::duration<double> demote_wait(demote_after);
