@@ -10,7 +10,10 @@ simulated for many more ranks than this machine can start.
 real negotiation (coordinator, response cache, digests) over an in-memory
 transport, with some ranks a cycle late (`--stragglers`) and each rank
 submitting in its own order, rank 0's thread on a core of its own (as a
-real rank 0 has). It prints rank 0's CPU time in the negotiation
+real rank 0 has) and, by default, its caches cold at the start of each
+cycle, at every size alike (`--rank0-caches`; Note [a cold rank 0] in
+ops/core/virtual_ranks.cc).
+It prints rank 0's CPU time in the negotiation
 (the first step; the median steady cycle and step), the bytes rank 0 receives, its counted peak
 memory for the negotiation, the liveness sockets the tree plan gives rank 0,
 and the wall time the exchanges would add on a link of `--latency-us` and
@@ -53,7 +56,10 @@ It prints (one JSON object with `--json`):
     step;
   predicted / real_over_predicted: the stand-in run for the same ranks,
     tensors and steps, its figures for those two and the first step's bytes,
-    and the real figure over the predicted one;
+    and the real figure over the predicted one, rank 0's caches modelled as
+    predicted_rank0_caches says (private up to one rank a core, cold
+    beyond); steady_step_real_over_predicted_by_caches: the steady step's
+    ratio under each model;
   cached_fraction: the share of the steady steps' collectives agreed by
     their cache bit alone; cache_evictions; rank0_peak_mib (peak resident
     memory of rank 0); rank0_liveness_sockets; exact.
@@ -74,6 +80,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from control_plane_standin import (CACHE_MODELS, predict_real,  # noqa: E402
+                                   run_simulated)
 
 RANK_FLAG = "--rank-program"
 LINK_FLAG = "--link-program"
@@ -314,49 +324,6 @@ def measure_link(timeout: float = 120.0):
                 "measured here: raw mpi4py ping-pong between 2 ranks")
 
 
-def run_simulated(ranks: int, tensors: int, steps: int, stragglers: int, allgathers: int,
-                  cache_capacity: int, ranks_per_host: int, link, arrival_cycles: int = 1,
-                  shuffled: bool = True, rank0_own_core: bool = True) -> dict:
-    """Runs the stand-in and returns its figures (control_plane_model.summarize)."""
-    from hvdkeras.engine import c_api, library
-    from hvdkeras.engine.control_plane_model import summarize
-
-    report = c_api.virtual_job(library.engine_handle(), ranks, tensors, steps=steps + 1,
-                               allgathers=allgathers, stragglers=stragglers,
-                               cache_capacity=cache_capacity, ranks_per_host=ranks_per_host,
-                               arrival_cycles=arrival_cycles, shuffled=shuffled,
-                               rank0_own_core=rank0_own_core)
-    if report["error"]:
-        raise RuntimeError(f"the simulated job failed: {report['error']}")
-    return summarize(report, ranks, tensors, link)
-
-
-# What the stand-in predicts of a real run, and the real figure it is held to.
-PREDICTED = {"first_step_rank0_bytes_in": "first_step_rank0_bytes_in",
-             "first_step_rank0_negotiation_cpu_s": "first_step_rank0_cpu_s",
-             "steady_step_rank0_negotiation_cpu_us": "steady_step_rank0_cpu_us"}
-
-
-def predict_real(result: dict) -> dict:
-    """The stand-in run for the real run's ranks (one host), tensors and
-    steps: its figures beside the real ones, and real / predicted."""
-    from hvdkeras.engine.control_plane_model import Link
-
-    ranks, tensors, steps = result["ranks"], result["tensors"], result["steps"]
-    # The virtual ranks hand their tensors over in the real ranks' order (the
-    # same on every rank) and in as many cycles as the real ones took (Python
-    # submits one by one while the engine cycles), rank 0 sharing the cores
-    # with the others as the real rank 0 does here. The link
-    # does not enter these figures (CPU and bytes only).
-    spread = max(1, round(result["steady_cycles_per_step"]))
-    simulated = run_simulated(ranks, tensors, steps, 0, 0, 16384, ranks, Link(1e-6, 1e9),
-                              arrival_cycles=spread, shuffled=False, rank0_own_core=False)
-    predicted = {real_key: simulated[key] for real_key, key in PREDICTED.items()}
-    return {"predicted": predicted,
-            "real_over_predicted": {k: round(result[k] / v, 3) if v else None
-                                    for k, v in predicted.items()}}
-
-
 def main(argv: List[str]) -> int:
     if argv[:1] == [RANK_FLAG]:
         _rank_program(int(argv[1]), int(argv[2]), argv[3] if len(argv) > 3 else "")
@@ -384,6 +351,12 @@ def main(argv: List[str]) -> int:
                       help="framework ranks: Keras on this backend in every rank, the engine "
                       "started by hvdkeras.init() and the first collective through the "
                       "backend's allreduce (about 380 MiB a rank under JAX)")
+    parser.add_argument("--rank0-caches", choices=("auto", *CACHE_MODELS), default="auto",
+                        help="the stand-in's rank 0 (--simulate, and the prediction beside "
+                        "--real): before each of its cycles cold writes twice the last-level "
+                        "cache, private twice its core's own, warm nothing; auto is cold for "
+                        "--simulate (every size alike) and for --real private up to one rank "
+                        "a core, cold beyond (Note [a cold rank 0])")
     simulated = parser.add_argument_group("--simulate only")
     simulated.add_argument("--stragglers", type=int, default=0,
                            help="ranks that submit each step one cycle late")
@@ -402,7 +375,9 @@ def main(argv: List[str]) -> int:
             link = measure_link()
         result = run_simulated(args.ranks, args.tensors, args.steps, args.stragglers,
                                args.allgathers, 16384 if args.cache_capacity is None
-                               else args.cache_capacity, args.ranks_per_host, link)
+                               else args.cache_capacity, args.ranks_per_host, link,
+                               rank0_caches="cold" if args.rank0_caches == "auto"
+                               else args.rank0_caches)
     else:
         extra = {}
         if args.cache_capacity is not None:
@@ -410,7 +385,7 @@ def main(argv: List[str]) -> int:
         result = run_real(args.ranks, args.tensors, args.steps, extra, args.timeout,
                           args.lab, args.lab_hosts, args.framework)
         result.pop("stderr")
-        result.update(predict_real(result))
+        result.update(predict_real(result, args.rank0_caches))
     if args.json:
         print(json.dumps(result))
     else:

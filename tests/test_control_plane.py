@@ -48,6 +48,7 @@ def test_the_stand_in_at_a_thousand_ranks_agrees_and_counts_what_rank_zero_recei
                                  cache_capacity=16384, ranks_per_host=8,
                                  link=Link(2e-6, 12.5e9))
     assert result["agreed"] and result["exact"], result
+    assert result["rank0_caches"].startswith("cold"), result  # the default (Note [a cold rank 0])
     assert result["cached_fraction"] == 1.0, result
     assert result["steady_cycle_rank0_bytes_in"] == 0, result
     digest, own_rows = 8 + 8 + 4, 8  # hash, age, count; an allgather's first dimension

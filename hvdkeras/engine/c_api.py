@@ -271,15 +271,17 @@ def virtual_job(lib: ctypes.CDLL, ranks: int, tensors: int, steps: int = 3,
                 allgathers: int = 0, shuffled: bool = True, stragglers: int = 0,
                 cache_capacity: int = 16384, seed: int = 1, ranks_per_host: int = 8,
                 arrival_cycles: int = 1, rank0_own_core: bool = True,
-                with_order: bool = False) -> dict:
+                rank0_evict_bytes: int = 0, with_order: bool = False) -> dict:
     """Runs the control plane's stand-in (ops/core/virtual_ranks.h): `ranks`
     virtual ranks in this process, each running the real negotiation and
     handing a step's tensors over in `arrival_cycles` cycles, rank 0's
-    thread on a core of its own where there are 2 or more (`rank0_own_core`).
+    thread on a core of its own where there are 2 or more (`rank0_own_core`),
+    rank 0 writing `rank0_evict_bytes` of its own before each cycle (its
+    caches cold, Note [a cold rank 0]; 0: never).
     Needs no MPI and no running engine; returns its report as a dict."""
-    params = (ctypes.c_int64 * 11)(ranks, tensors, steps, allgathers, int(shuffled), stragglers,
+    params = (ctypes.c_int64 * 12)(ranks, tensors, steps, allgathers, int(shuffled), stragglers,
                                    cache_capacity, seed, ranks_per_host, arrival_cycles,
-                                   int(rank0_own_core))
+                                   int(rank0_own_core), rank0_evict_bytes)
     # Room for the most the report can hold: a step takes at most a cycle per
     # tensor and one more for stragglers (a row of under 256 characters each),
     # and each name is short.

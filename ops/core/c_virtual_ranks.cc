@@ -27,9 +27,10 @@ std::string JsonText(const std::string& text) {
 
 extern "C" {
 
-// Runs a virtual job: params[11] = ranks, tensors, steps, allgathers,
+// Runs a virtual job: params[12] = ranks, tensors, steps, allgathers,
 // shuffled (0/1), stragglers, cache capacity, seed, ranks per host, arrival
-// cycles, rank 0 on its own core (0/1); with_order != 0 adds
+// cycles, rank 0 on its own core (0/1), bytes rank 0 writes before each
+// cycle (Note [a cold rank 0]); with_order != 0 adds
 // rank 0's agreed names. Writes one JSON object into `out` (cut to
 // `capacity`) and returns its full length, so a caller can tell it was cut.
 int64_t hvdkeras_virtual_job(const int64_t* params, int with_order, char* out,
@@ -46,6 +47,7 @@ int64_t hvdkeras_virtual_job(const int64_t* params, int with_order, char* out,
   job.ranks_per_host = static_cast<int>(params[8]);
   job.arrival_cycles = static_cast<int>(params[9]);
   job.rank0_own_core = params[10] != 0;
+  job.rank0_evict_bytes = params[11];
   const hvdkeras::VirtualJobReport report = hvdkeras::RunVirtualJob(job);
   std::ostringstream json;
   json.precision(9);

@@ -31,6 +31,9 @@ struct VirtualJob {
   // (docs/scaling.md: at 64 and 16,384 ranks the medians with and without
   // it were within their run-to-run spread).
   bool rank0_own_core = true;
+  // Before each of its cycles rank 0 writes this many bytes of a buffer of
+  // its own, outside what is timed (0: never). See Note [a cold rank 0].
+  int64_t rank0_evict_bytes = 0;
 };
 
 // One kind of exchange in a cycle: how many, and the bytes that reach rank 0

@@ -70,6 +70,27 @@ TEST(TheOrderDoesNotDependOnTheRankCount) {
   CHECK_EQ(Step(small, 30, 0), Step(small, 30, 2));
 }
 
+TEST(AColdRankZeroRunsTheSameJob) {
+  // Rank 0 writing its eviction buffer before each cycle (Note [a cold rank
+  // 0]) changes what its cycles cost, nothing of what they agree.
+  VirtualJob job;
+  job.ranks = 16;
+  job.tensors = 30;
+  job.stragglers = 2;
+  job.shuffled = false;
+  const VirtualJobReport warm = RunVirtualJob(job);
+  job.rank0_evict_bytes = 8 << 20;
+  const VirtualJobReport cold = RunVirtualJob(job);
+  CHECK(warm.agreed && cold.agreed && warm.exact && cold.exact);
+  CHECK_EQ(cold.order, warm.order);
+  CHECK_EQ(cold.cycles.size(), warm.cycles.size());
+  for (size_t i = 0; i < cold.cycles.size() && i < warm.cycles.size(); ++i) {
+    CHECK_EQ(cold.cycles[i].cached, warm.cycles[i].cached);
+    CHECK_EQ(cold.cycles[i].negotiated, warm.cycles[i].negotiated);
+    CHECK(cold.cycles[i].rank0_cpu_s > 0.0);
+  }
+}
+
 TEST(AFullCacheFallsBackToTheCoordinatorButStaysExact) {
   VirtualJob job;
   job.ranks = 64;
