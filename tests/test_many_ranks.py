@@ -82,7 +82,10 @@ def test_collective_suite(np, capsys):
     files = [TESTS / "parallel"] if EVERYTHING else [TESTS / "parallel" / f for f in DEFAULT_FILES]
     result, reports = run_pytest_under_mpi(
         np, files[0], timeout=SUITE_TIMEOUT_S[np],
-        env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)},
+        # Each large product of cases pairwise (Note [pairwise cases] in
+        # tests/parallel/conftest.py); every case with EVERYTHING.
+        env={"HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S),
+             "HVDKERAS_PAIRWISE_CASES": "0" if EVERYTHING else "1"},
         extra_args=[str(f) for f in files[1:]]
         + ([] if EVERYTHING else ["-k", DEFAULT_DESELECTED]))
     assert_every_rank_passed(np, result, reports)

@@ -75,8 +75,11 @@ def cases(default: set) -> list:
 
 
 def _env(path: str) -> dict:
+    # Each large product of cases pairwise (Note [pairwise cases] in
+    # tests/parallel/conftest.py); every case with FULL.
     return {"HVDKERAS_HIERARCHICAL_ALLREDUCE": PATHS[path],
-            "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S)}
+            "HVDKERAS_STALL_SHUTDOWN_SECONDS": str(STALL_SHUTDOWN_S),
+            "HVDKERAS_PAIRWISE_CASES": "0" if FULL else "1"}
 
 
 @pytest.mark.slow

@@ -130,7 +130,9 @@ def test_collective_suite_on_lab_hosts(lab, layout):
     files = [TESTS / "parallel"] if FULL else [
         TESTS / "parallel" / name for name in NETLAB_DEFAULT_FILES]
     assert all(f.exists() for f in files), files
-    run_pytest_on_lab(lab, layout, files)
+    # Each large product of cases pairwise (Note [pairwise cases] in
+    # tests/parallel/conftest.py); every case with FULL.
+    run_pytest_on_lab(lab, layout, files, env={"HVDKERAS_PAIRWISE_CASES": "0" if FULL else "1"})
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
@@ -151,8 +153,12 @@ RING_FILES = ("test_allreduce.py", "test_gather_scatter.py", "test_process_sets.
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
 @pytest.mark.parametrize("layout", ["3x1", "4x1"])
 def test_ring_collectives_across_lab_hosts(lab, layout):
+    # Every case at 3 hosts; at 4 each large product pairwise (every two
+    # parameters' values still meet on the ring: Note [pairwise cases] in
+    # tests/parallel/conftest.py), every case with FULL.
+    pairwise = "1" if layout == "4x1" and not FULL else "0"
     run_pytest_on_lab(lab, layout, [TESTS / "parallel" / name for name in RING_FILES],
-                      env={"HVDKERAS_RING_MIN_BYTES": "0"})
+                      env={"HVDKERAS_RING_MIN_BYTES": "0", "HVDKERAS_PAIRWISE_CASES": pairwise})
 
 
 CUT_JOB = """
