@@ -57,9 +57,10 @@ It prints (one JSON object with `--json`):
   predicted / real_over_predicted: the stand-in run for the same ranks,
     tensors and steps, its figures for those two and the first step's bytes,
     and the real figure over the predicted one, rank 0's caches modelled as
-    predicted_rank0_caches says (private up to one rank a core, cold
-    beyond); steady_step_real_over_predicted_by_caches: the steady step's
-    ratio under each model;
+    predicted_rank0_caches says (private where the real steady cycle took
+    under 10 ms, cold from there: other ranks' processes ran between rank
+    0's cycles); steady_step_real_over_predicted_by_caches: the steady
+    step's ratio under each model;
   cached_fraction: the share of the steady steps' collectives agreed by
     their cache bit alone; cache_evictions; rank0_peak_mib (peak resident
     memory of rank 0); rank0_liveness_sockets; exact.
@@ -355,8 +356,8 @@ def main(argv: List[str]) -> int:
                         help="the stand-in's rank 0 (--simulate, and the prediction beside "
                         "--real): before each of its cycles cold writes twice the last-level "
                         "cache, private twice its core's own, warm nothing; auto is cold for "
-                        "--simulate (every size alike) and for --real private up to one rank "
-                        "a core, cold beyond (Note [a cold rank 0])")
+                        "--simulate (every size alike) and for --real private where the real "
+                        "steady cycle took under 10 ms, cold from there (Note [a cold rank 0])")
     simulated = parser.add_argument_group("--simulate only")
     simulated.add_argument("--stragglers", type=int, default=0,
                            help="ranks that submit each step one cycle late")

@@ -5,7 +5,6 @@ a real run beside it (--real)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
@@ -66,14 +65,20 @@ PREDICTED = {"first_step_rank0_bytes_in": "first_step_rank0_bytes_in",
              "steady_step_rank0_negotiation_cpu_us": "steady_step_rank0_cpu_us"}
 
 
-def prediction_caches(ranks: int, cores: int) -> str:
-    """The stand-in's model of rank 0's caches for a real run of `ranks` on
-    `cores` (Note [a cold rank 0]): with no more ranks than cores the others
-    run on other cores and rank 0's share of the last level holds its state
-    between cycles, while its own core's caches do not (its framework or
-    Python thread runs there); with more, every other rank's cycle passes
-    through the same caches first."""
-    return "private" if ranks <= cores else "cold"
+# A real steady cycle at least this long (wall time) means other processes
+# ran on rank 0's cores between its cycles: several of the scheduler's time
+# slices with more ranks than cores.
+COLD_CYCLE_US = 10_000.0
+
+
+def prediction_caches(steady_cycle_us: float) -> str:
+    """The stand-in's model of rank 0's caches for a real run whose steady
+    cycle took `steady_cycle_us` (Note [a cold rank 0]): between short
+    cycles little runs but rank 0's own Python or framework thread, which
+    displaces its core's caches and leaves its share of the last level
+    (private); between long ones the other ranks' processes have run through
+    the same caches as well (cold)."""
+    return "cold" if steady_cycle_us >= COLD_CYCLE_US else "private"
 
 
 def predict_real(result: dict, rank0_caches: str = "auto") -> dict:
@@ -82,7 +87,7 @@ def predict_real(result: dict, rank0_caches: str = "auto") -> dict:
     from hvdkeras.engine.control_plane_model import Link
 
     if rank0_caches == "auto":
-        rank0_caches = prediction_caches(result["ranks"], os.cpu_count() or 1)
+        rank0_caches = prediction_caches(result["steady_cycle_us"])
 
     ranks, tensors, steps = result["ranks"], result["tensors"], result["steps"]
     # The virtual ranks hand their tensors over in the real ranks' order (the
