@@ -38,7 +38,12 @@ def eviction_bytes(rank0_caches: str) -> int:
     if rank0_caches == "warm":
         return 0
     largest = {"cold": 0, "private": 0}
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+    cpu0 = Path("/sys/devices/system/cpu/cpu0")
+    try:  # a core's own caches are shared by its hardware threads alone
+        own = {"0", (cpu0 / "topology" / "thread_siblings_list").read_text().strip()}
+    except OSError:
+        own = {"0"}
+    for index in (cpu0 / "cache").glob("index*"):
         try:
             text = (index / "size").read_text().strip()
             shared = (index / "shared_cpu_list").read_text().strip()
@@ -50,7 +55,7 @@ def eviction_bytes(rank0_caches: str) -> int:
             continue
         size = int(digits) * scale
         largest["cold"] = max(largest["cold"], size)
-        if shared == "0":
+        if shared in own:
             largest["private"] = max(largest["private"], size)
     floor = {"cold": 64 << 20, "private": 4 << 20}[rank0_caches]
     return max(2 * largest[rank0_caches], floor)
