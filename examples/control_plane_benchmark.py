@@ -377,8 +377,7 @@ def main(argv: List[str]) -> int:
         result = run_simulated(args.ranks, args.tensors, args.steps, args.stragglers,
                                args.allgathers, 16384 if args.cache_capacity is None
                                else args.cache_capacity, args.ranks_per_host, link,
-                               rank0_caches="cold" if args.rank0_caches == "auto"
-                               else args.rank0_caches)
+                               rank0_caches=args.rank0_caches)
     else:
         extra = {}
         if args.cache_capacity is not None:

@@ -11,11 +11,15 @@ from pathlib import Path
 def run_simulated(ranks: int, tensors: int, steps: int, stragglers: int, allgathers: int,
                   cache_capacity: int, ranks_per_host: int, link, arrival_cycles: int = 1,
                   shuffled: bool = True, rank0_own_core: bool = True,
-                  rank0_caches: str = "cold") -> dict:
-    """Runs the stand-in and returns its figures (control_plane_model.summarize)."""
+                  rank0_caches: str = "auto") -> dict:
+    """Runs the stand-in and returns its figures (control_plane_model.summarize);
+    `rank0_caches` one of CACHE_MODELS, or "auto": cold, so that every size
+    meets its cycles alike (Note [a cold rank 0])."""
     from hvdkeras.engine import c_api, library
     from hvdkeras.engine.control_plane_model import summarize
 
+    if rank0_caches == "auto":
+        rank0_caches = "cold"
     evict = eviction_bytes(rank0_caches)
     report = c_api.virtual_job(library.engine_handle(), ranks, tensors, steps=steps + 1,
                                allgathers=allgathers, stragglers=stragglers,
@@ -98,11 +102,11 @@ def predict_real(result: dict, rank0_caches: str = "auto") -> dict:
     # The virtual ranks hand their tensors over in the real ranks' order (the
     # same on every rank) and in as many cycles as the real ones took (Python
     # submits one by one while the engine cycles), rank 0 sharing the cores
-    # with the others as the real rank 0 does here. The link
-    # does not enter these figures (CPU and bytes only).
-    # Each model of rank 0's caches is run (its steady step beside the real
-    # one under `steady_step_real_over_predicted_by_caches`); `rank0_caches`
-    # gives `predicted`.
+    # with the others as the real rank 0 does here. The link does not enter
+    # these figures (CPU and bytes only). Each model of rank 0's caches is run
+    # (its steady step beside the real one under
+    # `steady_step_real_over_predicted_by_caches`); `rank0_caches` gives
+    # `predicted`.
     spread = max(1, round(result["steady_cycles_per_step"]))
     runs = {model: run_simulated(ranks, tensors, steps, 0, 0, 16384, ranks, Link(1e-6, 1e9),
                                  arrival_cycles=spread, shuffled=False, rank0_own_core=False,
