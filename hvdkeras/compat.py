@@ -118,6 +118,15 @@ def disable_thread_spinning() -> bool:
     return True
 
 
+def tape_paused() -> Any:
+    """A context in which no GradientTape records (TensorFlow's internal
+    `record.stop_recording`, TF 2.16-2.21): ops that only order updates must
+    not become part of a gradient."""
+    from tensorflow.python.eager import record  # lazy: TF internal
+
+    return record.stop_recording()
+
+
 def keep_registered_name(base: type, derived: type) -> None:
     """Makes `derived` serialize under the name `base` was registered with.
 
@@ -155,6 +164,13 @@ def with_mixin(mixin: type, base: type) -> type:
         keep_registered_name(base, derived)
         _WITH_MIXIN[(mixin, base)] = derived
     return derived
+
+
+def class_without_mixins(obj: Any) -> type:
+    """The class `obj` had before `with_mixin` put anything in front of it."""
+    made = set(_WITH_MIXIN.values())
+    return next(c for c in type(obj).__mro__
+                if c not in made and not c.__module__.startswith("hvdkeras."))
 
 
 def optimizer_variables_built_for(optimizer: Any) -> list:
@@ -304,6 +320,14 @@ def stateless_value(variable: Any) -> Optional[Any]:
     if not stateless_scope.in_stateless_scope():
         return None
     return stateless_scope.get_stateless_scope().get_current_value(variable)
+
+
+def no_autocast() -> Any:
+    """A context in which Keras variables read as their own dtype, whatever
+    mixed policy the caller's layer is under (Keras 3's `AutocastScope`)."""
+    from keras.src.backend import AutocastScope  # lazy: Keras internal, 3.0-3.15
+
+    return AutocastScope(None)
 
 
 def autocast_value(variable: Any, value: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 from hvdkeras import compat
 from hvdkeras.engine import frameworks
-from hvdkeras.training.optimizer import check_model_optimizer_nesting
+from hvdkeras.training.optimizer import build_optimizer_early, check_model_optimizer_nesting
 from hvdkeras.training.output import print_rank0
 
 _noticed: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -59,8 +59,10 @@ def turn_off_xla_for_training(model: Any, reason: str = "") -> bool:
 
 
 def prepare_model(model: Any) -> None:
-    """Turns XLA off for training and rejects a wrongly nested optimizer."""
+    """Turns XLA off for training, rejects a wrongly nested optimizer, and
+    builds the optimizer where cross-step updates need it built."""
     if model is None:
         return
     turn_off_xla_for_training(model)
     check_model_optimizer_nesting(model)  # See Note [distributed wrapper outside loss scaling].
+    build_optimizer_early(model)

@@ -60,6 +60,27 @@ def allreduce(tensors: List[tf.Tensor], op: int, prescale_factor: float,
     ))
 
 
+def allreduce_start(tensors: List[tf.Tensor], op: int, prescale_factor: float,
+                    postscale_factor: float, name: Optional[str],
+                    process_set_id: int = 0) -> tf.Tensor:
+    """Starts one fused allreduce of tensors of one dtype; returns its handle
+    for `allreduce_done` (Note [pending reductions] in
+    ops/tf/pending_reductions.cc). Not under XLA."""
+    _refuse_in_xla("a pending allreduce")
+    graph_name, tensor_name = names(name, "HvdkerasAllreduceStart")
+    return library.ops().hvdkeras_allreduce_start(
+        tensors, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, tensor_name=tensor_name,
+        process_set_id=process_set_id, name=graph_name)
+
+
+def allreduce_done(handle: tf.Tensor, dtype: tf.DType, shapes: List[tf.TensorShape],
+                   name: Optional[str] = None) -> List[tf.Tensor]:
+    """The results of the allreduce `handle` names, once it has finished."""
+    return one_consumer(library.ops().hvdkeras_allreduce_done(
+        handle, T=dtype, N=len(shapes), shapes=shapes, name=name or "HvdkerasAllreduceDone"))
+
+
 def broadcast(tensors: List[tf.Tensor], root_rank: int, name: Optional[str],
               process_set_id: int = 0) -> List[tf.Tensor]:
     """One fused broadcast from `root_rank` (its position in the process set)."""

@@ -55,6 +55,9 @@ COLLECTIVE_GRADIENT_CONVENTIONS = ("exact", "horovod")
 # backward pass] in hvdkeras/backends/torch/backward_overlap.py).
 BACKWARD_OVERLAP = "HVDKERAS_BACKWARD_OVERLAP"
 TORCH_BACKWARD_OVERLAP = "HVDKERAS_TORCH_BACKWARD_OVERLAP"
+# Whether a step's last gradient reductions finish while the next step's
+# forward pass runs (Note [cross-step updates] in hvdkeras/training/cross_step.py).
+CROSS_STEP_OVERLAP = "HVDKERAS_CROSS_STEP_OVERLAP"
 # A gradient bucket's size in bytes (hvdkeras/engine/buckets.py).
 BUCKET_BYTES = "HVDKERAS_BUCKET_BYTES"
 # Whether zero_stage=3 under torch gathers the weights again for the backward
@@ -335,6 +338,12 @@ def backward_overlap(env: Optional[Mapping[str, str]] = None) -> str:
     """`HVDKERAS_BACKWARD_OVERLAP`: "auto" (default), "on" or "off"."""
     env = os.environ if env is None else env
     return _parse_auto_switch(env, BACKWARD_OVERLAP)
+
+
+def cross_step_overlap(env: Optional[Mapping[str, str]] = None) -> str:
+    """`HVDKERAS_CROSS_STEP_OVERLAP`: "auto" (default), "on" or "off"."""
+    env = os.environ if env is None else env
+    return _parse_auto_switch(env, CROSS_STEP_OVERLAP)
 
 
 def bucket_bytes(default: int, env: Optional[Mapping[str, str]] = None) -> int:

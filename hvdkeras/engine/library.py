@@ -38,8 +38,12 @@ _engine_cdll: Optional[ctypes.CDLL] = None
 # collective ops are exempted the same way (compat.exempt_from_program_order).
 # They must still run when a rank ignores their results (as in Horovod):
 # otherwise that rank alone would prune them and the others would wait for it.
+# The two halves of a pending reduction (Note [pending reductions] in
+# ops/tf/pending_reductions.cc) are exempt too: the start is a collective,
+# and the done waits for one.
 COLLECTIVE_OP_TYPES = frozenset(("HvdkerasAllreduce", "HvdkerasBroadcast", "HvdkerasAllgather",
-                                 "HvdkerasReducescatter", "HvdkerasAlltoall"))
+                                 "HvdkerasReducescatter", "HvdkerasAlltoall",
+                                 "HvdkerasAllreduceStart", "HvdkerasAllreduceDone"))
 
 
 def _configured(cdll: ctypes.CDLL) -> ctypes.CDLL:

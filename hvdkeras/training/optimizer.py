@@ -21,11 +21,11 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import keras
 
 from hvdkeras.collectives.compression import Compression, Compressor
-from hvdkeras.engine import frameworks
+from hvdkeras.engine import config, frameworks
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
 from hvdkeras.sharding.checks import check_zero_stage
-from hvdkeras.training import guards
+from hvdkeras.training import cross_step_rules, guards
 
 # The module that makes optimizers distributed under each Keras backend.
 _IMPLEMENTATIONS = {frameworks.TENSORFLOW: "hvdkeras.training.tf_optimizer",
@@ -57,6 +57,21 @@ def check_model_optimizer_nesting(model: Any) -> None:
     if (optimizer is not None and isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
             and not is_distributed(optimizer) and inner is not None and is_distributed(inner)):
         raise ValueError(guards.NESTING_MESSAGE)
+
+
+def build_optimizer_early(model: Any) -> None:
+    """Builds a compiled model's distributed optimizer now, outside any
+    traced step, where cross-step updates ask for it (Note [cross-step
+    updates] in `cross_step`): Keras would build it inside the first step,
+    after that step's forward pass has read the weights."""
+    if frameworks.keras_backend() != frameworks.TENSORFLOW:
+        return
+    optimizer = getattr(model, "optimizer", None)
+    if (optimizer is None or getattr(optimizer, "built", True) or not is_distributed(optimizer)
+            or not getattr(model, "built", False)):
+        return
+    if cross_step_rules.wanted(config.cross_step_overlap()):
+        optimizer.build(model.trainable_variables)
 
 
 def _torch_optimizer_module(optimizer: Any) -> Optional[Any]:

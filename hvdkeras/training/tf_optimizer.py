@@ -24,19 +24,25 @@ import keras
 import tensorflow as tf
 
 from hvdkeras import compat
+from hvdkeras.collectives import xla_calls
 from hvdkeras.collectives.common import fixed_collective_names
 from hvdkeras.collectives.compression import Compressor
-from hvdkeras.engine import process_sets
+from hvdkeras.engine import config, process_sets
+from hvdkeras.engine.types import Adasum, Average, Sum
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, shard_holder
 from hvdkeras.sharding.state import ShardState
 from hvdkeras.sharding.tf_parameters import ShardedParameterMixin, ShardedParameters, Reduction
 from hvdkeras.sharding.tf_sharded_optimizer import TFShardedMixin
-from hvdkeras.training import guards
+from hvdkeras.training import cross_step, cross_step_rules, guards
 from hvdkeras.training.gradient_reduction import (ReductionSettings, reduce_gradients,
                                                  scale_factors)
 from hvdkeras.training.local_accumulation import LocalGradientAccumulator
+from hvdkeras.training.output import print_rank0
 from hvdkeras.training.sharded_reduction import held_gradients, reduce_to_owners
+
+
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum"}
 
 
 class _DistributedOptimizerMixin(AroundShardsMixin):
@@ -83,6 +89,38 @@ class _DistributedOptimizerMixin(AroundShardsMixin):
         accumulator = self._hvdkeras_accumulator
         if accumulator is not None and not accumulator.built:
             accumulator.build(list(variables))
+        self._hvdkeras_maybe_cross_step()
+
+    def _hvdkeras_maybe_cross_step(self) -> None:
+        """Turns on cross-step updates (Note [cross-step updates]) when the
+        knob asks and this optimizer allows; says why not on rank 0."""
+        mode = config.cross_step_overlap()
+        if (not cross_step_rules.wanted(mode)
+                or getattr(self, "_hvdkeras_cross_step", None) is not None):
+            return
+        reason = cross_step_rules.refusal(self._hvdkeras_cross_step_facts(mode))
+        if reason is not None:
+            print_rank0(f"HVDKERAS_CROSS_STEP_OVERLAP is on, but {self.name} keeps "
+                        f"the synchronous step: {reason}.")
+            return
+        cross_step.enable(self, self._hvdkeras_variables(), self._hvdkeras_reduction)
+
+    def _hvdkeras_cross_step_facts(self, mode: str) -> cross_step_rules.StepFacts:
+        settings = self._hvdkeras_reduction
+        holder = shard_holder(self)
+        keras_class = compat.class_without_mixins(self)
+        plain = getattr(keras.optimizers, keras_class.__name__, None) is keras_class
+        return cross_step_rules.StepFacts(
+            mode=mode, optimizer_class=keras_class.__name__ if plain else "",
+            loss_scaled=isinstance(self, keras.optimizers.LossScaleOptimizer),
+            global_clipnorm=bool(getattr(self, "global_clipnorm", None)),
+            ema=bool(getattr(self, "use_ema", False)),
+            accumulation=(self._hvdkeras_accumulator is not None
+                          or bool(getattr(self, "gradient_accumulation_steps", None))),
+            zero_stage=0 if holder is None else holder._hvdkeras_shards.stage,
+            reduce_op=_OP_NAMES.get(settings.op, str(settings.op)),
+            explicit_groups=settings.groups is not None or bool(settings.num_groups),
+            on_gpus=xla_calls.steps_on_gpu(), built_eagerly=tf.executing_eagerly())
 
     def apply(self, grads, trainable_variables=None):
         # A sharded step's graph differs per rank: its collectives are named
@@ -101,6 +139,9 @@ class _DistributedOptimizerMixin(AroundShardsMixin):
         variables = None if trainable_variables is None else list(trainable_variables)
         if self._hvdkeras_accumulator is not None:
             return self._hvdkeras_apply_accumulated(grads, variables)
+        pending = getattr(self, "_hvdkeras_cross_step", None)
+        if pending is not None and pending.start(grads, variables):
+            return None
         reduced = self._hvdkeras_reduce(grads, variables if variables is not None
                                         else self._hvdkeras_variables())
         return super().apply(reduced, variables)

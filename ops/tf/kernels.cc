@@ -10,23 +10,15 @@
 #include "core/engine_api.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf/completion_batches.h"
+#include "tf/engine_buffer.h"
 #include "tf/gpu_placement.h"
+#include "tf/status_mapping.h"
 #include "tf/type_mapping.h"
 
 namespace tf = tensorflow;
 
 namespace hvdkeras {
 namespace {
-
-absl::Status ToTfStatus(const Status& s) {
-  switch (s.code) {
-    case StatusCode::kOk: return absl::OkStatus();
-    case StatusCode::kPreconditionError: return absl::FailedPreconditionError(s.message);
-    case StatusCode::kInvalidArgument: return absl::InvalidArgumentError(s.message);
-    case StatusCode::kAborted: return absl::AbortedError(s.message);
-    default: return absl::UnknownError(s.message);
-  }
-}
 
 // Fills in what the engine needs to know about input i: dtype, data, shape,
 // and its GPU when the kernel runs on one.
@@ -75,25 +67,6 @@ absl::Status PrepareLazyTensor(tf::OpKernelContext* ctx, int i, std::vector<Tens
   refs->push_back(std::move(ref));
   return absl::OkStatus();
 }
-
-// Host memory owned by the engine (a slice of its fused buffer), wrapped as a
-// TensorFlow buffer; the engine's block lives until the tensor is released.
-// See Note [fused outputs] in core/block_pool.h.
-class EngineBuffer : public tf::TensorBuffer {
- public:
-  EngineBuffer(std::shared_ptr<char> owner, void* data, size_t bytes)
-      : tf::TensorBuffer(data), owner_(std::move(owner)), bytes_(bytes) {}
-  size_t size() const override { return bytes_; }
-  tf::TensorBuffer* root_buffer() override { return this; }
-  void FillAllocationDescription(tf::AllocationDescription* proto) const override {
-    proto->set_requested_bytes(static_cast<int64_t>(bytes_));
-    proto->set_allocator_name("hvdkeras_fused_output");
-  }
-
- private:
-  std::shared_ptr<char> owner_;
-  size_t bytes_;
-};
 
 // Builds the engine's view of allreduce input i. The output is made only
 // when the engine knows where the result will be: a slice of its fused
