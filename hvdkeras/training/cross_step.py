@@ -130,26 +130,24 @@ class PendingUpdates:
 
     def before_read(self, variable: Any) -> None:
         """Called before every read or assignment of a trained variable."""
-        if self.applying:
-            return
-        if tf.executing_eagerly():
-            self.flush()
-            return
-        if self._xla_read():
-            return
-        self._gate(self.bucket_of[id(variable)])
+        if self._gates_wanted():
+            self._gate(self.bucket_of[id(variable)])
 
     def before_any_read(self) -> None:
         """Called before a read of an optimizer slot: every bucket first."""
+        if self._gates_wanted():
+            self._gate_all()
+
+    def _gates_wanted(self) -> bool:
+        """Whether this read needs gates in the current graph: not inside an
+        update, not eagerly (everything is finished now instead), not under
+        XLA (`_xla_read`)."""
         if self.applying:
-            return
+            return False
         if tf.executing_eagerly():
             self.flush()
-            return
-        if self._xla_read():
-            return
-        for number in range(len(self.buckets)):
-            self._gate(number)
+            return False
+        return not self._xla_read()
 
     def _xla_read(self) -> bool:
         """Whether this read is inside an XLA-compiled function, which can

@@ -54,8 +54,8 @@ class StepFacts:
 
 
 def wanted(mode: str) -> bool:
-    """Whether the knob asks for cross-step updates. "auto" is off for now:
-    it turns on only where measurements show a gain (docs/performance.md)."""
+    """Whether the knob asks for cross-step updates. "auto" is off: no
+    measurement has shown a gain yet (docs/performance.md)."""
     return mode == "on"
 
 

@@ -12,6 +12,7 @@
 #include "tf/completion_batches.h"
 #include "tf/engine_buffer.h"
 #include "tf/gpu_placement.h"
+#include "tf/reduction_attrs.h"
 #include "tf/status_mapping.h"
 #include "tf/type_mapping.h"
 
@@ -161,14 +162,11 @@ class CollectiveKernel : public tf::AsyncOpKernel {
 class AllreduceKernel : public CollectiveKernel {
  public:
   explicit AllreduceKernel(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
-    int reduce_op;
-    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op));
-    OP_REQUIRES(c, IsValidReduceOp(reduce_op),
-                absl::InvalidArgumentError("hvdkeras: unknown reduce_op " +
-                                           std::to_string(reduce_op)));
-    reduce_op_ = static_cast<ReduceOp>(reduce_op);
-    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
-    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    ReductionAttrs attrs;
+    OP_REQUIRES_OK(c, ReadReductionAttrs(c, &attrs));
+    reduce_op_ = attrs.op;
+    prescale_ = attrs.prescale;
+    postscale_ = attrs.postscale;
     if (c->HasAttr("tensor_names")) {
       OP_REQUIRES_OK(c, c->GetAttr("tensor_names", &separate_names_));
       int n = 0;

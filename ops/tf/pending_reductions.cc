@@ -34,6 +34,7 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tf/completion_batches.h"
 #include "tf/engine_buffer.h"
+#include "tf/reduction_attrs.h"
 #include "tf/status_mapping.h"
 #include "tf/type_mapping.h"
 
@@ -91,14 +92,7 @@ class PendingRegistry {
 class AllreduceStartKernel : public tf::OpKernel {
  public:
   explicit AllreduceStartKernel(tf::OpKernelConstruction* c) : tf::OpKernel(c) {
-    int reduce_op;
-    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op));
-    OP_REQUIRES(c, IsValidReduceOp(reduce_op),
-                absl::InvalidArgumentError("hvdkeras: unknown reduce_op " +
-                                           std::to_string(reduce_op)));
-    reduce_op_ = static_cast<ReduceOp>(reduce_op);
-    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
-    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    OP_REQUIRES_OK(c, ReadReductionAttrs(c, &reduction_));
     OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_));
     OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
     if (tensor_name_.empty()) tensor_name_ = name();
@@ -157,8 +151,9 @@ class AllreduceStartKernel : public tf::OpKernel {
       }
       if (waiter) waiter();
     };
-    const Status queued = EnqueueAllreduce(tensor_name_, std::move(refs), reduce_op_, prescale_,
-                                           postscale_, process_set_, std::move(finish));
+    const Status queued =
+        EnqueueAllreduce(tensor_name_, std::move(refs), reduction_.op, reduction_.prescale,
+                         reduction_.postscale, process_set_, std::move(finish));
     if (!queued.ok()) {
       registry.Remove(handle);
       ctx->SetStatus(ToTfStatus(queued));
@@ -168,9 +163,7 @@ class AllreduceStartKernel : public tf::OpKernel {
   }
 
  private:
-  ReduceOp reduce_op_ = ReduceOp::kSum;
-  float prescale_ = 1.0f;
-  float postscale_ = 1.0f;
+  ReductionAttrs reduction_;
   int process_set_ = 0;
   std::string tensor_name_;
 };
