@@ -47,6 +47,7 @@ UNITS: Dict[str, Tuple[str, ...]] = {
                       "request_validation",
                       "request_digest", "response_cache", "message", "common", "scaling",
                       "timeline", "liveness_rules"),
+    "wire_order": ("wire_order",),
 }
 COMPILE_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120

@@ -62,16 +62,18 @@ def allreduce(tensors: List[tf.Tensor], op: int, prescale_factor: float,
 
 def allreduce_start(tensors: List[tf.Tensor], op: int, prescale_factor: float,
                     postscale_factor: float, name: Optional[str],
-                    process_set_id: int = 0) -> tf.Tensor:
+                    process_set_id: int = 0, priority: int = 0) -> tf.Tensor:
     """Starts one fused allreduce of tensors of one dtype; returns its handle
     for `allreduce_done` (Note [pending reductions] in
-    ops/tf/pending_reductions.cc). Not under XLA."""
+    ops/tf/pending_reductions.cc). Not under XLA. A `priority` above 0 runs
+    it after the agreed ops of lower priority (Note [priority on the wire]
+    in ops/core/wire_order.h)."""
     _refuse_in_xla("a pending allreduce")
     graph_name, tensor_name = names(name, "HvdkerasAllreduceStart")
     return library.ops().hvdkeras_allreduce_start(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, tensor_name=tensor_name,
-        process_set_id=process_set_id, name=graph_name)
+        process_set_id=process_set_id, priority=priority, name=graph_name)
 
 
 def allreduce_done(handle: tf.Tensor, dtype: tf.DType, shapes: List[tf.TensorShape],

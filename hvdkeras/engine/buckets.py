@@ -34,6 +34,11 @@ BUCKET_BYTES = 25 * 2**20
 # The first bucket's: small, so the link starts while most of the backward
 # pass is still ahead (DDP's first bucket is 1 MB).
 FIRST_BUCKET_BYTES = 1 * 2**20
+# A cross-step bucket's size (Note [priority on the wire] in
+# ops/core/wire_order.h): a bucket the next forward pass needs sooner waits
+# at most for the one on the wire, so the pieces are small; 4 MiB is 34 ms
+# at 1 Gbit/s and still long enough for the ring to reach the link.
+PIECE_BYTES = 4 * 2**20
 
 
 def buckets(sizes: Sequence[int], dtypes: Sequence[str], limit: int = BUCKET_BYTES,
@@ -114,6 +119,6 @@ def overlap_wanted(local_size: int, size: int, env: Optional[Mapping[str, str]] 
     return mode == "on"
 
 
-def bucket_limit(env: Optional[Mapping[str, str]] = None) -> int:
-    """A bucket's size: `HVDKERAS_BUCKET_BYTES`, else `BUCKET_BYTES`."""
-    return config.bucket_bytes(BUCKET_BYTES, os.environ if env is None else env)
+def bucket_limit(env: Optional[Mapping[str, str]] = None, default: int = BUCKET_BYTES) -> int:
+    """A bucket's size: `HVDKERAS_BUCKET_BYTES`, else `default`."""
+    return config.bucket_bytes(default, os.environ if env is None else env)

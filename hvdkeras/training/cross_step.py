@@ -46,6 +46,7 @@ What may import this module: `hvdkeras.training.tf_optimizer`.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
@@ -55,12 +56,16 @@ import tensorflow as tf
 
 from hvdkeras import compat
 from hvdkeras.collectives import kernels
-from hvdkeras.engine import buckets, process_sets
+from hvdkeras.engine import buckets, process_sets, world
 from hvdkeras.training.gradient_reduction import ReductionSettings, scale_factors
 
 
 class _Bucket(NamedTuple):
     positions: tuple
+    # On the wire before the buckets of later variables (Note [priority on
+    # the wire] in ops/core/wire_order.h): the next forward pass reads the
+    # first variables first.
+    priority: int
     wire_dtype: tf.DType
     context: Any  # the compression's context, the same for every member
     name: str
@@ -90,7 +95,7 @@ class PendingUpdates:
         self.read_by_xla = False
         sizes = [v.shape.num_elements() * tf.as_dtype(v.dtype).size for v in self.variables]
         dtypes = [tf.as_dtype(v.dtype).name for v in self.variables]
-        limit = buckets.bucket_limit()
+        limit = buckets.bucket_limit(default=buckets.PIECE_BYTES)
         planned = buckets.buckets(sizes, dtypes, limit, min(limit, buckets.FIRST_BUCKET_BYTES))
         self.buckets: List[_Bucket] = []
         self.bucket_of: Dict[int, int] = {}
@@ -99,7 +104,7 @@ class PendingUpdates:
                 probe = tf.zeros([0], self.variables[members[0]].dtype)
                 wire, context = settings.compression.compress(probe)
                 self.buckets.append(_Bucket(
-                    tuple(sorted(members)), wire.dtype, context,
+                    tuple(sorted(members)), min(members) + 1, wire.dtype, context,
                     f"{settings.name}_pending_{number}",
                     tf.Variable(False, trainable=False, name="hvdkeras_pending"),
                     tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdkeras_handle")))
@@ -234,7 +239,7 @@ class PendingUpdates:
             wire = [self.settings.compression.compress(grads[p])[0] for p in bucket.positions]
             with tf.control_dependencies([gates[number]]):
                 handle = kernels.allreduce_start(wire, wire_op, prescale, postscale, bucket.name,
-                                                 set_id)
+                                                 set_id, priority=bucket.priority)
             bucket.handle.assign(handle)
             bucket.pending.assign(True)
         self.outstanding.assign(len(self.buckets))
@@ -290,6 +295,13 @@ class CrossStepOptimizerMixin:
             return pending.iteration.read_value()
         return super().iterations
 
+    def finalize_variable_values(self, var_list):
+        # The end of `fit`: no rank leaves it with updates still pending, so
+        # a rank that exits right after cannot shut the engine down under
+        # another rank's last step.
+        self._hvdkeras_cross_step.flush()
+        return super().finalize_variable_values(var_list)
+
 
 class CrossStepVariableMixin:
     """Placed in front of a trained variable's class: its bucket is finished
@@ -337,4 +349,20 @@ def enable(optimizer: Any, variables: Sequence[Any], settings: ReductionSettings
         variable._hvdkeras_cross_step = pending
     optimizer.__class__ = compat.with_mixin(CrossStepOptimizerMixin, type(optimizer))
     optimizer._hvdkeras_cross_step = pending
+    _flush_at_exit(pending)
     return pending
+
+
+def _flush_at_exit(pending: PendingUpdates) -> None:
+    """Finishes what a custom loop left pending before the interpreter's
+    exit shuts the engine down (atexit runs this before the shutdown that
+    `hvdkeras.init` registered earlier): the other ranks may still be
+    starting the same step's reductions, and a shutdown would fail them."""
+    ref = weakref.ref(pending)
+
+    def flush() -> None:
+        alive = ref()
+        if alive is not None and world.is_initialized():
+            alive.flush()
+
+    atexit.register(flush)

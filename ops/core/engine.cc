@@ -9,6 +9,7 @@
 #include "core/completion_batch.h"
 #include "core/device.h"
 #include "core/watchdog.h"
+#include "core/wire_order.h"
 
 namespace hvdkeras {
 
@@ -116,6 +117,7 @@ Status Engine::Start(MPI_Comm comm, const EngineConfig& config) {
   stat_execute_seconds_ = 0.0;
   stat_wait_seconds_ = 0.0;
   pending_.TakeAll();
+  held_.clear();
   negotiator_.Reset(&negotiation_transport_, config);
   tuning_.Start(mpi_.rank(), config);
   shutdown_agreed_ = false;
@@ -255,7 +257,8 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   if (agreement.params_update) AgreeOnParams();
   negotiator_.RecordTimeline(agreement, &timeline_);
 
-  const std::vector<PendingOp*>& ready = agreement.ready;
+  // Note [priority on the wire] in wire_order.h: some agreed ops may wait.
+  const std::vector<PendingOp*> ready = TakeRunnable(agreement.ready, &held_);
   if (!ready.empty()) {
     // Reused from cycle to cycle: Note [recycled ops].
     burst_names_.resize(ready.size());
@@ -340,6 +343,7 @@ void Engine::Finish(std::vector<std::pair<PendingOp*, Status>> results) {
 
 void Engine::FailEverything(const std::string& why, bool error) {
   std::vector<std::unique_ptr<PendingOp>> leftovers = queue_.Close(error ? why : "");
+  held_.clear();
   for (auto& op : pending_.TakeAll()) leftovers.push_back(std::move(op));
   negotiator_.ClearStandIns();
   const Status status = Status::Error(StatusCode::kAborted, why);

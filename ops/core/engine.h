@@ -156,6 +156,9 @@ class Engine {
   MpiContext mpi_;
   std::thread thread_;
   PendingOps pending_;
+  // Agreed ops waiting for their turn, in pending_ too (Note [priority on
+  // the wire] in wire_order.h).
+  std::vector<PendingOp*> held_;
   MpiNegotiationTransport negotiation_transport_{&mpi_};
   Negotiator negotiator_;
   Executor executor_;

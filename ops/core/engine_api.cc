@@ -28,6 +28,7 @@ void FillOp(PendingOp* op, const std::string& name, OpType type, DoneCallback do
   r.postscale = 1.0;
   r.root_rank = 0;
   r.device = DeviceKind::kCpu;
+  r.priority = 0;
   r.dtypes.clear();
   r.shapes.resize(op->tensors.size());  // keeps the shapes' storage
   for (size_t i = 0; i < op->tensors.size(); ++i) {
@@ -144,10 +145,15 @@ Status CheckNamed(const char* what, const std::string& name,
 
 Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
                         double prescale, double postscale, int process_set,
-                        DoneCallback done) {
+                        DoneCallback done, int priority) {
   Status s = CheckReducible("allreduce", name, tensors, op);
   if (!s.ok()) return s;
+  if (priority < 0) {
+    return Invalid("allreduce '" + name + "' was given priority " + std::to_string(priority) +
+                   "; priorities are 0 (run when agreed) or above (run in their order)");
+  }
   auto pending = MakeOp(process_set, name, OpType::kAllreduce, std::move(tensors), std::move(done));
+  pending->request.priority = priority;
   pending->request.reduce_op = op;
   pending->request.prescale = prescale;
   pending->request.postscale = postscale;

@@ -63,9 +63,11 @@ using DoneCallback = std::function<void(const Status&)>;
 // those of the set.
 
 // Allreduce of one or more tensors of one dtype, reduced in one fused call.
+// `priority` above 0 orders it among other agreed ops (Note [priority on the
+// wire] in wire_order.h); 0 runs it as soon as every rank has submitted it.
 Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
                         double prescale, double postscale, int process_set,
-                        DoneCallback done);
+                        DoneCallback done, int priority = 0);
 
 // Allreduce of each tensor as a collective of its own, named names[i]: what
 // the ranks negotiate and what errors name are those of one EnqueueAllreduce

@@ -66,7 +66,7 @@ bool Request::SameSignature(const Request& other) const {
   return name == other.name && op_type == other.op_type && reduce_op == other.reduce_op &&
          prescale == other.prescale && postscale == other.postscale &&
          root_rank == other.root_rank && device == other.device && dtypes == other.dtypes &&
-         shapes == other.shapes && splits == other.splits;
+         shapes == other.shapes && splits == other.splits && priority == other.priority;
 }
 
 namespace {
@@ -88,6 +88,7 @@ void PutRequest(Writer* w, const Request& r) {
   }
   w->Put<uint32_t>(static_cast<uint32_t>(r.splits.size()));
   for (int64_t v : r.splits) w->Put<int64_t>(v);
+  w->Put<int32_t>(r.priority);
   w->Put<double>(r.age_seconds);
 }
 
@@ -125,7 +126,7 @@ bool GetRequest(Reader* r, Request* q) {
     }
     q->shapes.push_back(std::move(shape));
   }
-  return GetInt64s(r, &q->splits) && r->Get(&q->age_seconds);
+  return GetInt64s(r, &q->splits) && r->Get(&q->priority) && r->Get(&q->age_seconds);
 }
 
 }  // namespace

@@ -24,6 +24,9 @@ struct Request {
   std::vector<DataType> dtypes;  // one per tensor
   std::vector<Shape> shapes;     // one per tensor
   std::vector<int64_t> splits;   // alltoall: rows sent to each rank
+  // 0: runs as soon as agreed. Above 0: agreed ops wait, and run one per
+  // cycle, lowest first (Note [priority on the wire] in wire_order.h).
+  int32_t priority = 0;
   double age_seconds = 0.0;      // how long the op had waited when sent (not compared)
 
   int64_t TotalBytes() const;

@@ -54,6 +54,7 @@ uint64_t SignatureHash(const Request& r) {
   h.Add(r.postscale);
   h.Add(r.root_rank);
   h.Add(static_cast<int32_t>(r.device));
+  h.Add(r.priority);
   h.Add<uint64_t>(r.shapes.size());
   h.Add<uint64_t>(r.dtypes.size());
   for (DataType d : r.dtypes) h.Add(static_cast<int32_t>(d));
@@ -74,7 +75,8 @@ bool AgreesWith(const Request& mine, const Request& agreed) {
   if (mine.name != agreed.name || mine.op_type != agreed.op_type ||
       mine.reduce_op != agreed.reduce_op || !same_number(mine.prescale, agreed.prescale) ||
       !same_number(mine.postscale, agreed.postscale) || mine.root_rank != agreed.root_rank ||
-      mine.device != agreed.device || mine.dtypes != agreed.dtypes ||
+      mine.device != agreed.device || mine.priority != agreed.priority ||
+      mine.dtypes != agreed.dtypes ||
       mine.shapes.size() != agreed.shapes.size() || mine.splits.size() != agreed.splits.size()) {
     return false;
   }

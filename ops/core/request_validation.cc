@@ -101,6 +101,8 @@ std::string ValidateRequests(const std::vector<Request>& submitted, int world_si
   }
   auto count = [](const Request& r) { return std::to_string(r.shapes.size()) + " tensor(s)"; };
   if (!AllSame(submitted, count)) return mismatch("tensor counts", count);
+  auto priority = [](const Request& r) { return "priority " + std::to_string(r.priority); };
+  if (!AllSame(submitted, priority)) return mismatch("priorities", priority);
   if (!AllSame(submitted, DtypesString)) return mismatch("data types", DtypesString);
 
   if (FirstDimMayDiffer(first.op_type)) {

@@ -95,6 +95,7 @@ class AllreduceStartKernel : public tf::OpKernel {
     OP_REQUIRES_OK(c, ReadReductionAttrs(c, &reduction_));
     OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_));
     OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("priority", &priority_));
     if (tensor_name_.empty()) tensor_name_ = name();
   }
 
@@ -153,7 +154,7 @@ class AllreduceStartKernel : public tf::OpKernel {
     };
     const Status queued =
         EnqueueAllreduce(tensor_name_, std::move(refs), reduction_.op, reduction_.prescale,
-                         reduction_.postscale, process_set_, std::move(finish));
+                         reduction_.postscale, process_set_, std::move(finish), priority_);
     if (!queued.ok()) {
       registry.Remove(handle);
       ctx->SetStatus(ToTfStatus(queued));
@@ -165,6 +166,7 @@ class AllreduceStartKernel : public tf::OpKernel {
  private:
   ReductionAttrs reduction_;
   int process_set_ = 0;
+  int priority_ = 0;
   std::string tensor_name_;
 };
 
@@ -238,6 +240,7 @@ REGISTER_OP("HvdkerasAllreduceStart")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
     .Attr("process_set_id: int = 0")
+    .Attr("priority: int = 0")  // Note [priority on the wire] in core/wire_order.h
     .Input("tensors: N * T")
     .Output("handle: int64")
     .SetIsStateful()  // never constant-folded or deduplicated

@@ -127,10 +127,9 @@ def test_same_weights_bit_for_bit(kind):
     model, opt, seen, outstanding = _train("1", OPTIMIZERS[kind], observe=True)
     assert getattr(sync_opt, "_hvdkeras_cross_step", None) is None
     assert len(opt._hvdkeras_cross_step.buckets) >= 2, "the test model should fill several buckets"
-    # The last step's reductions were still pending when fit returned (the
-    # observing callback read the weights after the last batch, so they were
-    # finished then; the validation pass after the epoch read them too).
-    assert outstanding is not None
+    # fit finished the last step's reductions before it returned (the
+    # observing callback and the validation pass had read them already).
+    assert outstanding == 0
     _assert_identical(_state(model, opt), _state(sync_model, sync_opt), f"{kind}: final state")
     assert len(seen) == len(sync_seen) == STEPS * EPOCHS
     for step, (a, e) in enumerate(zip(seen, sync_seen)):
@@ -139,9 +138,11 @@ def test_same_weights_bit_for_bit(kind):
                          variable_values(model.trainable_variables), kind)
 
 
-def test_pending_at_the_end_of_fit_then_finished_by_a_read():
-    """Without callbacks reading weights, fit returns with the last step's
-    buckets pending; the first eager read finishes them all."""
+def test_fit_finishes_its_updates_and_a_custom_step_leaves_them_pending():
+    """fit returns with nothing pending (a rank that exits right after must
+    not shut the engine down under another rank's last step); a custom
+    loop's traced step returns with its buckets pending, and the first eager
+    read finishes them all. Both give the synchronous weights."""
     with _knob("1"):
         model = _model()
         optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
@@ -150,16 +151,38 @@ def test_pending_at_the_end_of_fit_then_finished_by_a_read():
         model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         pending = optimizer._hvdkeras_cross_step
-        assert int(pending.outstanding.numpy()) == len(pending.buckets)
+        assert int(pending.outstanding.numpy()) == 0
         weights = model.get_weights()
+
+        @tf.function
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
+            optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                            model.trainable_variables)
+
+        step(x[:B], y[:B])
+        assert int(pending.outstanding.numpy()) == len(pending.buckets)
+        after_step = model.get_weights()
         assert int(pending.outstanding.numpy()) == 0
     with _knob("0"):
         sync = _model()
-        sync.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse",
-                     jit_compile=False)
+        sync_optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
+        sync.compile(optimizer=sync_optimizer, loss="mse", jit_compile=False)
         sync.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    _assert_identical(weights, sync.get_weights(), "weights read after fit")
+        sync_weights = sync.get_weights()
+
+        @tf.function
+        def sync_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(sync(xb, training=True) - yb))
+            sync_optimizer.apply(tape.gradient(loss, sync.trainable_variables),
+                                 sync.trainable_variables)
+
+        sync_step(x[:B], y[:B])
+    _assert_identical(weights, sync_weights, "weights read after fit")
+    _assert_identical(after_step, sync.get_weights(), "weights read after a custom step")
 
 
 def test_evaluate_predict_and_save_see_the_updates():
@@ -285,3 +308,36 @@ def test_xla_step_keeps_todays_step():
                 assert not pending.started
             finals[knob] = model.get_weights()
     _assert_identical(finals["1"], finals["0"], "XLA step")
+
+
+def _started_in_priority_order(priorities):
+    """Starts one pending allreduce per priority, in the given order, then
+    waits for all; returns each result (rank r contributes (r + 1) * (i + 1))."""
+    from hvdkeras.collectives import kernels
+    from hvdkeras.engine.types import Sum
+    rank = hvd.rank()
+
+    @tf.function(autograph=False)
+    def run():
+        handles = [kernels.allreduce_start([tf.fill([3000], float((rank + 1) * (i + 1)))], Sum,
+                                           1.0, 1.0, f"priority_test_{i}", 0, priority=p)
+                   for i, p in enumerate(priorities)]
+        return [kernels.allreduce_done(h, tf.float32, [tf.TensorShape([3000])])[0]
+                for h in handles]
+
+    return [r.numpy() for r in run()]
+
+
+def test_prioritised_reductions_are_exact():
+    """Held and reordered on the wire (Note [priority on the wire] in
+    ops/core/wire_order.h), each reduction still sums each rank's own tensor."""
+    total = sum(r + 1 for r in range(hvd.size()))
+    results = _started_in_priority_order([9, 0, 7, 1, 1, 3])
+    for i, result in enumerate(results):
+        np.testing.assert_array_equal(result, np.full([3000], float(total * (i + 1)), np.float32))
+
+
+def test_mismatched_priorities_fail_on_every_rank_naming_them():
+    """A priority is part of what every rank must agree on."""
+    with pytest.raises(tf.errors.OpError, match=r"Mismatched priorities.*priority 1.*priority 2"):
+        _started_in_priority_order([hvd.rank() + 1])
