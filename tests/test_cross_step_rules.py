@@ -19,10 +19,13 @@ def test_the_knob_reads_auto_on_and_off():
         config.cross_step_overlap({config.CROSS_STEP_OVERLAP: "sometimes"})
 
 
-def test_only_on_asks_for_it_until_auto_is_measured():
-    assert rules.wanted("on")
-    assert not rules.wanted("auto")
-    assert not rules.wanted("off")
+def test_auto_asks_for_it_across_hosts_only():
+    assert rules.wanted("auto", local_size=1, size=2)
+    assert rules.wanted("auto", local_size=4, size=16)
+    assert not rules.wanted("auto", local_size=2, size=2)
+    assert not rules.wanted("auto", local_size=1, size=1)
+    assert rules.wanted("on", local_size=2, size=2)
+    assert not rules.wanted("off", local_size=1, size=2)
 
 
 @pytest.mark.parametrize("name", rules.PER_VARIABLE_OPTIMIZERS)

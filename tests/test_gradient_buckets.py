@@ -107,6 +107,22 @@ def test_step_rows_are_relative_to_the_first_submission():
     assert step_reductions([], step=0) == []
 
 
+def test_cross_step_rows_carry_when_the_next_forward_pass_waited():
+    events = _trace([[(100, 101, 101, 150), (120, 150, 151, 200)],
+                     [(1000, 1002, 1003, 1050), (1030, 1050, 1051, 1090)]])
+    for pid in (0, 1):
+        events[pid]["args"]["name"] = f"f/sgd_gradients_pending_{pid}"
+    # Step 0's waits (in step 1's forward pass), then step 1's.
+    for ts, dur, pid in ((300, 5, 1), (310, 1, 0), (1100, 40, 1), (1150, 2, 0)):
+        events.append({"ph": "X", "pid": pid, "tid": 3, "ts": ts * 1000, "dur": dur * 1000,
+                       "name": "FRAMEWORK_WAIT"})
+    rows = step_reductions(events, step=1)
+    assert [r["name"][-9:] for r in rows] == ["pending_0", "pending_1"]
+    assert (rows[0]["reached"], rows[0]["received"]) == (150.0, 152.0)
+    assert (rows[1]["reached"], rows[1]["received"]) == (100.0, 140.0)
+    assert "reached" not in step_reductions(_trace([[(1, 2, 3, 4)] * 2]), step=0)[0]
+
+
 def test_the_step_picture_is_drawn(tmp_path):
     pytest.importorskip("matplotlib", reason="the report extra is not installed")
     path = tmp_path / "timeline.json"

@@ -53,9 +53,21 @@ class StepFacts:
     built_eagerly: bool = True
 
 
-def wanted(mode: str) -> bool:
-    """Whether the knob asks for cross-step updates. "auto" is off: no
-    measurement has shown a gain yet (docs/performance.md)."""
+def wanted(mode: str, local_size: int, size: int) -> bool:
+    """Whether cross-step updates are asked for: "on" and "off" decide;
+    "auto" (the default) asks for them when the ranks span several hosts,
+    where the link is the limit and the next forward pass can run while it
+    carries the last buckets (docs/performance.md, "Across hosts: the next
+    step"). On one host the reductions are memory work on the cores the
+    forward pass needs, so "auto" keeps the synchronous step there. The
+    answer is the same on every rank, as the requests' names depend on it.
+
+    Example:
+        >>> wanted("auto", local_size=1, size=2), wanted("auto", local_size=2, size=2)
+        (True, False)
+    """
+    if mode == "auto":
+        return local_size < size
     return mode == "on"
 
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import keras
 
 from hvdkeras.collectives.compression import Compression, Compressor
-from hvdkeras.engine import config, frameworks
+from hvdkeras.engine import config, frameworks, world
 from hvdkeras.engine.process_sets import ProcessSet, global_process_set
 from hvdkeras.engine.types import Average
 from hvdkeras.sharding.checks import check_zero_stage
@@ -70,7 +70,8 @@ def build_optimizer_early(model: Any) -> None:
     if (optimizer is None or getattr(optimizer, "built", True) or not is_distributed(optimizer)
             or not getattr(model, "built", False)):
         return
-    if cross_step_rules.wanted(config.cross_step_overlap()):
+    w = world.require()
+    if cross_step_rules.wanted(config.cross_step_overlap(), w.local_size, w.size):
         optimizer.build(model.trainable_variables)
 
 

@@ -27,7 +27,7 @@ from hvdkeras import compat
 from hvdkeras.collectives import xla_calls
 from hvdkeras.collectives.common import fixed_collective_names
 from hvdkeras.collectives.compression import Compressor
-from hvdkeras.engine import config, process_sets
+from hvdkeras.engine import config, process_sets, world
 from hvdkeras.engine.types import Adasum, Average, Sum
 from hvdkeras.engine.process_sets import ProcessSet
 from hvdkeras.sharding.sharded_optimizer import AroundShardsMixin, shard_holder
@@ -95,13 +95,15 @@ class _DistributedOptimizerMixin(AroundShardsMixin):
         """Turns on cross-step updates (Note [cross-step updates]) when the
         knob asks and this optimizer allows; says why not on rank 0."""
         mode = config.cross_step_overlap()
-        if (not cross_step_rules.wanted(mode)
+        w = world.require()
+        if (not cross_step_rules.wanted(mode, w.local_size, w.size)
                 or getattr(self, "_hvdkeras_cross_step", None) is not None):
             return
         reason = cross_step_rules.refusal(self._hvdkeras_cross_step_facts(mode))
         if reason is not None:
-            print_rank0(f"HVDKERAS_CROSS_STEP_OVERLAP is on, but {self.name} keeps "
-                        f"the synchronous step: {reason}.")
+            if mode == "on":  # under auto, keeping the synchronous step is no surprise
+                print_rank0(f"HVDKERAS_CROSS_STEP_OVERLAP is on, but {self.name} keeps "
+                            f"the synchronous step: {reason}.")
             return
         cross_step.enable(self, self._hvdkeras_variables(), self._hvdkeras_reduction)
 

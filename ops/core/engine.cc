@@ -205,6 +205,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   const auto now = Clock::now();
   negotiator_.InspectStalls(now);
   if (timeline_.active()) timeline_.CycleStart();
+  WriteFrameworkWaits();
 
   // A GPU communicator that met an error on its own (a lost peer, a
   // network fault) leaves kernels waiting for what never comes: the error
@@ -311,6 +312,24 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   activity_.Leave();
   if (timeline_.active()) timeline_.Flush();
   return true;
+}
+
+void Engine::NoteFrameworkWait(const std::string& name, std::chrono::steady_clock::time_point start,
+                               std::chrono::steady_clock::time_point end) {
+  if (!tracing_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(waits_mu_);
+  waits_.push_back({name, start, end});
+}
+
+void Engine::WriteFrameworkWaits() {
+  tracing_.store(timeline_.active(), std::memory_order_relaxed);
+  std::vector<FrameworkWait> waits;
+  {
+    std::lock_guard<std::mutex> lock(waits_mu_);
+    if (waits_.empty()) return;
+    waits.swap(waits_);
+  }
+  for (const FrameworkWait& w : waits) timeline_.WaitSpan(w.name, w.start, w.end);
 }
 
 void Engine::AgreeOnParams() {

@@ -22,7 +22,9 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -71,6 +73,12 @@ class Engine {
   void Stop();
 
   bool running() { return queue_.running(); }
+
+  // Any thread: the framework waited for the result of op `name` from
+  // `start` to `end`; it goes on the timeline when this rank traces (the
+  // engine's thread writes it at its next cycle), and is dropped otherwise.
+  void NoteFrameworkWait(const std::string& name, std::chrono::steady_clock::time_point start,
+                         std::chrono::steady_clock::time_point end);
   // This rank's place in the engine's set and the set's size (fixed from
   // Start to Stop).
   int rank() const { return mpi_.rank(); }
@@ -159,6 +167,15 @@ class Engine {
   // Agreed ops waiting for their turn, in pending_ too (Note [priority on
   // the wire] in wire_order.h).
   std::vector<PendingOp*> held_;
+  // NoteFrameworkWait's spans, until the engine's thread writes them.
+  struct FrameworkWait {
+    std::string name;
+    std::chrono::steady_clock::time_point start, end;
+  };
+  std::atomic<bool> tracing_{false};
+  std::mutex waits_mu_;
+  std::vector<FrameworkWait> waits_;
+  void WriteFrameworkWaits();
   MpiNegotiationTransport negotiation_transport_{&mpi_};
   Negotiator negotiator_;
   Executor executor_;

@@ -160,6 +160,13 @@ Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors,
   return Queue(std::move(pending), process_set);
 }
 
+void NoteFrameworkWait(int process_set, const std::string& name,
+                       std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end) {
+  Engine* engine = Engine::ForSet(process_set);
+  if (engine != nullptr) engine->NoteFrameworkWait(name, start, end);
+}
+
 Status EnqueueAllreduceEach(const std::vector<std::string>& names,
                             std::vector<TensorRef> tensors, ReduceOp op, double prescale,
                             double postscale, int process_set, const DoneCallback& done) {

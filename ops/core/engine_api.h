@@ -2,6 +2,7 @@
 // raw buffers and get a completion callback. No MPI and no framework types.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,6 +69,13 @@ using DoneCallback = std::function<void(const Status&)>;
 Status EnqueueAllreduce(const std::string& name, std::vector<TensorRef> tensors, ReduceOp op,
                         double prescale, double postscale, int process_set,
                         DoneCallback done, int priority = 0);
+
+// The framework waited for the result of op `name` (of `process_set`) from
+// `start` to `end`: a span on the timeline when this rank traces, nothing
+// otherwise. Any thread.
+void NoteFrameworkWait(int process_set, const std::string& name,
+                       std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end);
 
 // Allreduce of each tensor as a collective of its own, named names[i]: what
 // the ranks negotiate and what errors name are those of one EnqueueAllreduce

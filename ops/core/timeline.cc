@@ -124,8 +124,18 @@ void Timeline::DeviceSpan(const std::string& name, OpType op, TimePoint start, T
   std::string label = "GPU_";
   for (const char* c = OpTypeName(op); *c; ++c) label += static_cast<char>(toupper(*c));
   // Row 2 of the op's process: the host's nested spans stay on row 1.
+  CompleteEvent(name, 2, label, start, end);
+}
+
+void Timeline::WaitSpan(const std::string& name, TimePoint start, TimePoint end) {
+  if (fd_ < 0) return;
+  CompleteEvent(name, 3, "FRAMEWORK_WAIT", start, end);
+}
+
+void Timeline::CompleteEvent(const std::string& name, int row, const std::string& label,
+                             TimePoint start, TimePoint end) {
   buffer_ += ",\n{\"ph\":\"X\",\"pid\":" + std::to_string(ProcessFor(name)) +
-             ",\"tid\":2,\"ts\":" + std::to_string(Micros(start)) +
+             ",\"tid\":" + std::to_string(row) + ",\"ts\":" + std::to_string(Micros(start)) +
              ",\"dur\":" + std::to_string(std::max<int64_t>(Micros(end) - Micros(start), 0)) +
              ",\"name\":\"" + label + "\"}";
 }

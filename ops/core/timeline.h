@@ -38,12 +38,18 @@ class Timeline {
   // complete event on each of its ops' "GPU" rows, written when the engine
   // learns of it, a cycle or more later.
   void DeviceSpan(const std::string& name, OpType op, TimePoint start, TimePoint end);
+  // The framework waited for the op's result from `start` to `end` (the
+  // next step's forward pass reaching a pending reduction: Note [pending
+  // reductions] in ops/tf/pending_reductions.cc): a complete event on row 3.
+  void WaitSpan(const std::string& name, TimePoint start, TimePoint end);
 
   // Appends the buffered events to the file.
   void Flush();
 
  private:
   int ProcessFor(const std::string& name);
+  void CompleteEvent(const std::string& name, int row, const std::string& label,
+                     TimePoint start, TimePoint end);
   void Event(const std::string& name, char phase, const std::string& label, TimePoint when,
              const std::string& args_json = "");
   int64_t Micros(TimePoint when) const;

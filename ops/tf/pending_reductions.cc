@@ -18,7 +18,11 @@
 // reductions in the same names); Done is local and never talks to other
 // ranks. The engine finishes every queued reduction, with an error if it
 // stops first, so a Done never waits for a reduction the engine has dropped.
-// CPU tensors only: a GPU step keeps the synchronous allreduce.
+// CPU tensors only: a GPU step keeps the synchronous allreduce. When rank 0
+// traces, each Done's wait (from its call to its result) goes on the
+// timeline under the reduction's name, so a step's picture shows where the
+// next forward pass met each bucket (hvdkeras/report/step_picture.py).
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -52,6 +56,9 @@ struct PendingReduction {
   Status status = Status::OK();
   // Set by a Done that arrived first; run once the engine finishes.
   std::function<void()> waiter;
+  // For the timeline's wait spans (Engine::NoteFrameworkWait).
+  std::string name;
+  int process_set = 0;
 };
 
 class PendingRegistry {
@@ -104,6 +111,8 @@ class AllreduceStartKernel : public tf::OpKernel {
 
   void Compute(tf::OpKernelContext* ctx) override {
     auto pending = std::make_shared<PendingReduction>();
+    pending->name = tensor_name_;
+    pending->process_set = process_set_;
     const int n = ctx->num_inputs();
     pending->inputs.reserve(n);
     pending->outputs.resize(n);
@@ -188,7 +197,10 @@ class AllreduceDoneKernel : public tf::AsyncOpKernel {
             " in this process: it was finished already, or never started here (each "
             "HvdkerasAllreduceStart is finished by exactly one HvdkerasAllreduceDone)"),
         done);
-    auto deliver = [this, ctx, pending]() {
+    const auto called = std::chrono::steady_clock::now();
+    auto deliver = [this, ctx, pending, called]() {
+      NoteFrameworkWait(pending->process_set, pending->name, called,
+                        std::chrono::steady_clock::now());
       if (!pending->status.ok()) {
         ctx->SetStatus(ToTfStatus(pending->status));
         return;
