@@ -143,6 +143,19 @@ def test_fit_matches_one_process_on_lab_hosts(lab, layout):
                              *([] if FULL else ["-k", "global_batch or buckets"])])
 
 
+@pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
+def test_cross_step_updates_match_the_synchronous_step_on_lab_hosts(lab):
+    """Across hosts of their own, where `auto` turns cross-step updates on
+    (Note [cross-step updates] in hvdkeras/training/cross_step.py): 20 steps
+    of SGD with momentum, Adam and AdamW, in float32 and mixed_bfloat16,
+    give the synchronous step's weights exactly, the buckets reordered on
+    the wire (Note [priority on the wire] in ops/core/wire_order.h)."""
+    run_pytest_on_lab(lab, "2x1", [TESTS / "keras_parallel" / "test_cross_step.py"],
+                      extra=["-W", "ignore::DeprecationWarning", "-k",
+                             "bit_for_bit and (sgd_momentum or adam) or mixed_bfloat16 "
+                             "or prioritised"])
+
+
 # The ring across hosts of their own (Note [ring across hosts] in
 # ops/core/ring_plan.h), at 3 and 4 hosts of one rank: with its threshold at
 # 0 it takes every allreduce, reduce-scatter and allgather of these files

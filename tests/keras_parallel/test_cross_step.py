@@ -22,8 +22,8 @@ from keras_helpers import assert_weights_moved, regression_data, shard, variable
 tf.config.experimental.enable_op_determinism()
 
 B = 4          # per-rank batch
-STEPS = 5      # steps per epoch
-EPOCHS = 2
+STEPS = 10     # steps per epoch
+EPOCHS = 2     # 20 steps in all
 KNOB = "HVDKERAS_CROSS_STEP_OVERLAP"
 
 
@@ -234,13 +234,18 @@ def test_custom_loop_with_a_traced_step():
     _assert_identical(finals["1"], finals["0"], "custom loop")
 
 
-def test_mixed_bfloat16():
+@pytest.mark.parametrize("kind", ["sgd_momentum", "adam", "adamw"])
+def test_mixed_bfloat16(kind):
     """mixed_bfloat16 (no loss scaling) takes cross-step updates, exactly."""
     keras.config.set_dtype_policy("mixed_bfloat16")
-    sync_model, sync_opt, _, _ = _train("0", lambda: keras.optimizers.AdamW(0.01))
-    model, opt, _, _ = _train("1", lambda: keras.optimizers.AdamW(0.01))
+    try:
+        sync_model, sync_opt, _, _ = _train("0", OPTIMIZERS[kind])
+        model, opt, _, _ = _train("1", OPTIMIZERS[kind])
+    finally:
+        keras.config.set_dtype_policy("float32")
     assert getattr(opt, "_hvdkeras_cross_step", None) is not None
-    _assert_identical(_state(model, opt), _state(sync_model, sync_opt), "mixed_bfloat16")
+    _assert_identical(_state(model, opt), _state(sync_model, sync_opt),
+                      f"{kind} under mixed_bfloat16")
 
 
 FALLBACKS = {
