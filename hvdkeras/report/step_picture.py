@@ -26,9 +26,14 @@ from typing import Dict, List, Tuple
 Row = Dict[str, float]
 
 
+def _process_names(events: list) -> Dict[int, str]:
+    """Each timeline row's (process's) tensor name."""
+    return {e["pid"]: e["args"]["name"] for e in events
+            if e.get("ph") == "M" and e.get("name") == "process_name"}
+
+
 def _top_level(events: list, pattern: str) -> Dict[str, List[Tuple[str, float, float]]]:
-    names = {e["pid"]: e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = _process_names(events)
     stacks: Dict[int, list] = {}
     spans: Dict[str, List[Tuple[str, float, float]]] = {}
     for e in events:
@@ -45,8 +50,7 @@ def _top_level(events: list, pattern: str) -> Dict[str, List[Tuple[str, float, f
 
 
 def _waits(events: list, pattern: str) -> Dict[str, List[Tuple[float, float]]]:
-    names = {e["pid"]: e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = _process_names(events)
     waits: Dict[str, List[Tuple[float, float]]] = {}
     for e in events:
         name = names.get(e.get("pid"), "")

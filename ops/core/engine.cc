@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "core/collectives.h"
 #include "core/completion_batch.h"
@@ -259,7 +260,7 @@ bool Engine::RunCycle(bool may_wait, bool* progress) {
   negotiator_.RecordTimeline(agreement, &timeline_);
 
   // Note [priority on the wire] in wire_order.h: some agreed ops may wait.
-  const std::vector<PendingOp*> ready = TakeRunnable(agreement.ready, &held_);
+  const std::vector<PendingOp*> ready = TakeRunnable(std::move(agreement.ready), &held_);
   if (!ready.empty()) {
     // Reused from cycle to cycle: Note [recycled ops].
     burst_names_.resize(ready.size());

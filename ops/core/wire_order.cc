@@ -4,14 +4,14 @@
 
 namespace hvdkeras {
 
-std::vector<PendingOp*> TakeRunnable(const std::vector<PendingOp*>& agreed,
+std::vector<PendingOp*> TakeRunnable(std::vector<PendingOp*> agreed,
                                      std::vector<PendingOp*>* held) {
   bool any_priority = false, any_stand_in = false;
   for (const PendingOp* op : agreed) {
     any_priority = any_priority || op->request.priority > 0;
     any_stand_in = any_stand_in || op->done == nullptr;
   }
-  if (held->empty() && !any_priority) return agreed;  // the common case: no copy kept
+  if (held->empty() && !any_priority) return agreed;  // the common case: moved through
   held->insert(held->end(), agreed.begin(), agreed.end());
   std::stable_sort(held->begin(), held->end(), [](const PendingOp* a, const PendingOp* b) {
     return a->request.priority < b->request.priority;

@@ -28,7 +28,7 @@ namespace hvdkeras {
 
 // Adds this cycle's `agreed` ops to `held` and returns the ops to run now,
 // in their order; the others stay in `held`, marked sent.
-std::vector<PendingOp*> TakeRunnable(const std::vector<PendingOp*>& agreed,
+std::vector<PendingOp*> TakeRunnable(std::vector<PendingOp*> agreed,
                                      std::vector<PendingOp*>* held);
 
 }  // namespace hvdkeras

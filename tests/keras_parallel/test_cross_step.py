@@ -138,6 +138,21 @@ def test_same_weights_bit_for_bit(kind):
                          variable_values(model.trainable_variables), kind)
 
 
+def _traced_step(model, optimizer):
+    """A custom loop's traced step: mse on `model`, applied by `optimizer`;
+    returns the loss."""
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                        model.trainable_variables)
+        return loss
+
+    return step
+
+
 def test_fit_finishes_its_updates_and_a_custom_step_leaves_them_pending():
     """fit returns with nothing pending (a rank that exits right after must
     not shut the engine down under another rank's last step); a custom
@@ -153,15 +168,7 @@ def test_fit_finishes_its_updates_and_a_custom_step_leaves_them_pending():
         pending = optimizer._hvdkeras_cross_step
         assert int(pending.outstanding.numpy()) == 0
         weights = model.get_weights()
-
-        @tf.function
-        def step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
-            optimizer.apply(tape.gradient(loss, model.trainable_variables),
-                            model.trainable_variables)
-
-        step(x[:B], y[:B])
+        _traced_step(model, optimizer)(x[:B], y[:B])
         assert int(pending.outstanding.numpy()) == len(pending.buckets)
         after_step = model.get_weights()
         assert int(pending.outstanding.numpy()) == 0
@@ -172,15 +179,7 @@ def test_fit_finishes_its_updates_and_a_custom_step_leaves_them_pending():
         sync.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         sync_weights = sync.get_weights()
-
-        @tf.function
-        def sync_step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(sync(xb, training=True) - yb))
-            sync_optimizer.apply(tape.gradient(loss, sync.trainable_variables),
-                                 sync.trainable_variables)
-
-        sync_step(x[:B], y[:B])
+        _traced_step(sync, sync_optimizer)(x[:B], y[:B])
     _assert_identical(weights, sync_weights, "weights read after fit")
     _assert_identical(after_step, sync.get_weights(), "weights read after a custom step")
 
@@ -218,14 +217,7 @@ def test_custom_loop_with_a_traced_step():
             optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
             optimizer.build(model.trainable_variables)
             x, y = _data()
-
-            @tf.function
-            def step(xb, yb):
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
-                grads = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply(grads, model.trainable_variables)
-                return loss
+            step = _traced_step(model, optimizer)
 
             losses = [float(step(x[s * B:(s + 1) * B], y[s * B:(s + 1) * B]))
                       for s in range(STEPS)]
